@@ -1,0 +1,1 @@
+//! Typed response streams for LLM serving: prologue, errors, cancellation, plane selection

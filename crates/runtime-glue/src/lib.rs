@@ -1,0 +1,1 @@
+//! Shared response-plane service, env config, metrics, startup and bounded shutdown

@@ -1,0 +1,5 @@
+//! The velo-rs benchmark (filled in by the bench issue).
+
+fn main() {
+    println!("velo-bench: not yet implemented");
+}

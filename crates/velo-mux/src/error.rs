@@ -1,0 +1,130 @@
+//! Errors of the mux layer, each saying who is at fault.
+
+use std::time::Duration;
+
+use velo_wire::{CloseCode, WireError};
+
+use crate::StreamEnd;
+
+/// Why a lane failed. Fatal for the lane: every live stream on it ends with
+/// [`StreamEnd::Lost`] (frontend) or [`CloseReason::Lost`] (worker), exactly once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaneError {
+    /// Peer's fault: bytes that are not valid protocol v3.
+    #[error("peer sent malformed bytes: {0}")]
+    Malformed(#[from] WireError),
+    /// Peer's fault: valid bytes that break a lane rule.
+    #[error("peer broke the protocol: {0}")]
+    Protocol(&'static str),
+    /// The peer closed the lane with a CLOSE frame.
+    #[error("peer closed the lane ({code}): {reason}")]
+    PeerClosed {
+        /// The peer's close code.
+        code: CloseCode,
+        /// The peer's reason.
+        reason: String,
+    },
+    /// Peer's fault (or the network's): nothing arrived for the idle timeout.
+    #[error("peer silent for {0:?}: lane timed out")]
+    IdleTimeout(Duration),
+    /// I/O: the transport under the lane failed or ended.
+    #[error("transport lost: {0}")]
+    Transport(String),
+    /// Local: this side closed the lane (shutdown).
+    #[error("lane closed by this side ({code}): {reason}")]
+    Local {
+        /// The close code sent.
+        code: CloseCode,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl LaneError {
+    /// The close code to send the peer for this error, if one should be sent.
+    pub fn close_code(&self) -> Option<CloseCode> {
+        match self {
+            Self::Malformed(e) => Some(e.close_code()),
+            Self::Protocol(_) => Some(CloseCode::PROTOCOL_ERROR),
+            Self::IdleTimeout(_) => Some(CloseCode::IDLE_TIMEOUT),
+            Self::Local { code, .. } => Some(*code),
+            Self::PeerClosed { .. } | Self::Transport(_) => None,
+        }
+    }
+}
+
+/// How a worker's stream was ended by something other than its own finish or reset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// The frontend cancelled the stream (or refused it); the code is a
+    /// [`CancelCode`](velo_wire::CancelCode).
+    #[error("cancelled by the frontend (code {0})")]
+    Cancelled(u32),
+    /// The stream's lane failed.
+    #[error("lane lost: {0}")]
+    Lost(LaneError),
+}
+
+/// Why [`Mux::open`](crate::Mux::open) failed. Nothing was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Local: no lane of the connection is up.
+    #[error("no lane to the peer is up")]
+    NoLane,
+    /// Local: the connection is at its stream limit.
+    #[error("connection is at its limit of {0} streams")]
+    TooManyStreams(u32),
+    /// The peer sent GOAWAY: it takes no new streams on this connection.
+    #[error("peer is going away (code {0}) and takes no new streams")]
+    GoingAway(u32),
+    /// Caller's fault: the prologue does not fit a frame.
+    #[error("prologue of {len} bytes exceeds the limit of {max} bytes")]
+    PrologueTooLarge {
+        /// Prologue length.
+        len: usize,
+        /// Largest allowed.
+        max: u32,
+    },
+    /// Caller's fault: only a worker opens streams.
+    #[error("only the worker side opens streams")]
+    WrongSide,
+}
+
+/// What a send is waiting for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Blocked {
+    /// The stream has no credit: wait for [`MuxEvent::Writable`](crate::MuxEvent::Writable).
+    Credit,
+    /// The lane's buffer is full: wait for
+    /// [`MuxEvent::LaneWritable`](crate::MuxEvent::LaneWritable).
+    Lane,
+}
+
+/// Why a send, finish or reset did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// Backpressure, not failure: try again after the event [`Blocked`] names.
+    #[error("send would block on {0:?}")]
+    WouldBlock(Blocked),
+    /// The stream has ended and takes no more records.
+    #[error("stream is closed: {0}")]
+    Closed(StreamEnd),
+    /// Caller's fault: the key does not name a stream of this mux (released or never opened).
+    #[error("unknown stream")]
+    UnknownStream,
+    /// Caller's fault: the payload is larger than a frame the peer accepts.
+    #[error("item of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// Payload length.
+        len: usize,
+        /// Largest allowed.
+        max: u32,
+    },
+    /// Caller's fault: the call belongs to the other side (a frontend cannot send items).
+    #[error("wrong side for this call")]
+    WrongSide,
+}

@@ -1,0 +1,295 @@
+//! The flush policy: when a lane's pending records become a batch on the wire.
+//!
+//! The policy is data plus one pure function, [`FlushPolicy::decide`], so it is tested on its
+//! own and the mux only feeds it facts.
+
+use std::time::{Duration, Instant};
+
+use crate::config::ConfigError;
+
+/// Default maximum delay before a batch is written: 5 ms (Dynamo PR #15231's
+/// `DYN_VELO_RESPONSE_BATCH_MS` default).
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(5);
+/// Default batch size cap: 64 KiB, one socket read on the frontend.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 64 * 1024;
+/// Default batch record cap: 1,024 records, about 100 KiB of 100-byte items.
+pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 1024;
+
+/// When pending records are flushed into a batch.
+///
+/// A batch is flushed when the first of these happens:
+/// - control records are pending that must not wait (stop, cancel, heartbeat, goaway);
+/// - the application asked for it with a flush hint (an engine does so once per forward pass,
+///   so batching then adds no delay at all);
+/// - the batch reached `max_batch_bytes` or `max_batch_records`;
+/// - its oldest record has waited `max_delay` (`Duration::ZERO` is *greedy*: flush as soon as
+///   anything is pending), or queued credit grants reached their own deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushPolicy {
+    /// Longest time a record waits for its batch to fill.
+    pub max_delay: Duration,
+    /// Size at which a batch is flushed regardless of time, in bytes.
+    pub max_batch_bytes: usize,
+    /// Record count at which a batch is flushed regardless of time.
+    pub max_batch_records: u32,
+}
+
+impl Default for FlushPolicy {
+    fn default() -> Self {
+        Self {
+            max_delay: DEFAULT_MAX_DELAY,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_batch_records: DEFAULT_MAX_BATCH_RECORDS,
+        }
+    }
+}
+
+/// Facts about a lane's pending records, as the mux sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pending {
+    /// Records waiting in the open batch.
+    pub records: u32,
+    /// Bytes waiting in the open batch.
+    pub bytes: usize,
+    /// When the oldest waiting data record was queued.
+    pub oldest: Option<Instant>,
+    /// When queued credit grants must go out at the latest.
+    pub grant_deadline: Option<Instant>,
+    /// Control records that must not wait are pending.
+    pub urgent: bool,
+    /// The application asked for a flush.
+    pub hinted: bool,
+}
+
+/// What the policy decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Nothing is pending.
+    Idle,
+    /// Flush now, for this reason.
+    Now(FlushReason),
+    /// Flush at this instant unless something else triggers it first.
+    At(Instant),
+}
+
+/// Why a batch was flushed, counted in [`MuxStats`](crate::MuxStats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlushReason {
+    /// Control records that must not wait.
+    Control,
+    /// The application's flush hint.
+    Hint,
+    /// The batch reached its byte or record cap.
+    Size,
+    /// The oldest record (or a queued grant) reached its maximum delay.
+    Deadline,
+    /// Greedy policy: data was pending.
+    Greedy,
+}
+
+impl FlushPolicy {
+    /// A greedy policy: flush whenever anything is pending.
+    pub fn greedy() -> Self {
+        Self {
+            max_delay: Duration::ZERO,
+            ..Self::default()
+        }
+    }
+
+    /// The default policy with another maximum delay.
+    pub fn with_max_delay(max_delay: Duration) -> Self {
+        Self {
+            max_delay,
+            ..Self::default()
+        }
+    }
+
+    /// Decides whether `pending` should be flushed at `now`.
+    pub fn decide(&self, pending: &Pending, now: Instant) -> Flush {
+        if pending.urgent {
+            return Flush::Now(FlushReason::Control);
+        }
+        if pending.records == 0 {
+            return Flush::Idle;
+        }
+        if pending.hinted {
+            return Flush::Now(FlushReason::Hint);
+        }
+        if pending.bytes >= self.max_batch_bytes || pending.records >= self.max_batch_records {
+            return Flush::Now(FlushReason::Size);
+        }
+        let data_deadline = match pending.oldest {
+            Some(_) if self.max_delay.is_zero() => return Flush::Now(FlushReason::Greedy),
+            Some(oldest) => Some(oldest + self.max_delay),
+            None => None,
+        };
+        let deadline = match (data_deadline, pending.grant_deadline) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(now),
+        };
+        if deadline <= now {
+            Flush::Now(FlushReason::Deadline)
+        } else {
+            Flush::At(deadline)
+        }
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.max_delay > Duration::from_secs(10) {
+            return Err(ConfigError::OutOfRange {
+                field: "flush max_delay",
+                value: format!("{:?}", self.max_delay),
+                allowed: "must be at most 10 s",
+            });
+        }
+        if self.max_batch_bytes < 1024 {
+            return Err(ConfigError::OutOfRange {
+                field: "flush max_batch_bytes",
+                value: self.max_batch_bytes.to_string(),
+                allowed: "must be at least 1024 bytes",
+            });
+        }
+        if self.max_batch_records == 0 {
+            return Err(ConfigError::OutOfRange {
+                field: "flush max_batch_records",
+                value: "0".into(),
+                allowed: "must be at least 1",
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    fn check(policy: FlushPolicy, pending: Pending, now: Instant, expect: Flush) {
+        assert_eq!(policy.decide(&pending, now), expect, "{pending:?}");
+    }
+
+    #[test]
+    fn nothing_pending_is_idle() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        check(FlushPolicy::default(), Pending::default(), t0, Flush::Idle);
+        check(FlushPolicy::greedy(), Pending::default(), t0, Flush::Idle);
+    }
+
+    #[test]
+    fn a_record_waits_at_most_max_delay() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let p = Pending {
+            records: 1,
+            bytes: 100,
+            oldest: Some(t0),
+            ..Pending::default()
+        };
+        let policy = FlushPolicy::default();
+        check(policy, p, t0, Flush::At(at(t0, 5)));
+        check(policy, p, at(t0, 4), Flush::At(at(t0, 5)));
+        check(policy, p, at(t0, 5), Flush::Now(FlushReason::Deadline));
+        check(policy, p, at(t0, 50), Flush::Now(FlushReason::Deadline));
+    }
+
+    #[test]
+    fn greedy_flushes_whenever_data_is_pending() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let p = Pending {
+            records: 1,
+            bytes: 10,
+            oldest: Some(t0),
+            ..Pending::default()
+        };
+        check(
+            FlushPolicy::greedy(),
+            p,
+            t0,
+            Flush::Now(FlushReason::Greedy),
+        );
+    }
+
+    #[test]
+    fn hints_and_control_flush_immediately() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let p = Pending {
+            records: 3,
+            bytes: 300,
+            oldest: Some(t0),
+            hinted: true,
+            ..Pending::default()
+        };
+        check(FlushPolicy::default(), p, t0, Flush::Now(FlushReason::Hint));
+        let c = Pending {
+            records: 1,
+            bytes: 1,
+            urgent: true,
+            ..Pending::default()
+        };
+        check(
+            FlushPolicy::default(),
+            c,
+            t0,
+            Flush::Now(FlushReason::Control),
+        );
+        // A hint with nothing pending does nothing.
+        let h = Pending {
+            hinted: true,
+            ..Pending::default()
+        };
+        check(FlushPolicy::default(), h, t0, Flush::Idle);
+    }
+
+    #[test]
+    fn size_caps_flush_before_the_deadline() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let policy = FlushPolicy::default();
+        let bytes = Pending {
+            records: 10,
+            bytes: policy.max_batch_bytes,
+            oldest: Some(t0),
+            ..Pending::default()
+        };
+        check(policy, bytes, t0, Flush::Now(FlushReason::Size));
+        let recs = Pending {
+            records: policy.max_batch_records,
+            bytes: 10,
+            oldest: Some(t0),
+            ..Pending::default()
+        };
+        check(policy, recs, t0, Flush::Now(FlushReason::Size));
+    }
+
+    #[test]
+    fn grants_have_their_own_deadline() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let g = Pending {
+            records: 1,
+            bytes: 4,
+            grant_deadline: Some(at(t0, 1)),
+            ..Pending::default()
+        };
+        check(FlushPolicy::default(), g, t0, Flush::At(at(t0, 1)));
+        check(
+            FlushPolicy::default(),
+            g,
+            at(t0, 1),
+            Flush::Now(FlushReason::Deadline),
+        );
+        // Data and grants: the earlier deadline wins.
+        let both = Pending {
+            oldest: Some(t0),
+            ..g
+        };
+        check(FlushPolicy::default(), both, t0, Flush::At(at(t0, 1)));
+    }
+}

@@ -1,0 +1,350 @@
+//! Received bytes: frames, then records dispatched to their streams.
+//!
+//! Peer input is parsed, never trusted: every lookup is checked, every count is checked
+//! arithmetic, and nothing is allocated by a length the peer chose unless it is within a
+//! configured bound (`max_frame_len` for frames, `max_streams` for the wire table).
+
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use velo_wire::{CancelCode, Frame, Record, StreamId, Token};
+
+use crate::lane::{LaneState, WireSlot};
+use crate::slab::Key;
+use crate::state::{Event, State};
+use crate::stream::{Half, RecvHalf, Stream};
+use crate::{LaneError, LaneId, Mux, MuxEvent, Side, StreamEnd, StreamKey};
+
+impl Mux {
+    /// Feeds bytes received on `lane`. Complete frames are consumed from `src`; a partial
+    /// frame stays for the next call.
+    ///
+    /// # Errors
+    ///
+    /// The [`LaneError`] that closed the lane: malformed bytes, a broken rule, or the peer's
+    /// CLOSE. The lane's streams have been told; the driver should write what
+    /// [`poll_transmit`](Self::poll_transmit) still yields (a CLOSE frame) and close the
+    /// transport. Bytes for a lane that is not up are ignored.
+    pub fn handle_input(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        src: &mut BytesMut,
+    ) -> Result<(), LaneError> {
+        let i = usize::from(lane.0);
+        match self.lanes.get(i) {
+            Some(l) if l.state == LaneState::Up => {}
+            _ => {
+                src.clear();
+                return Ok(());
+            }
+        }
+        let before = src.len();
+        self.lanes[i].last_rx = now;
+        let result = self.decode_frames(now, lane, src);
+        self.stats.bytes_received += (before - src.len()) as u64;
+        if let Err(e) = &result {
+            src.clear();
+            self.close_lane(lane, e.clone());
+        }
+        result
+    }
+
+    fn decode_frames(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        src: &mut BytesMut,
+    ) -> Result<(), LaneError> {
+        let i = usize::from(lane.0);
+        loop {
+            let Some(frame) = self.lanes[i].decoder.decode(src)? else {
+                return Ok(());
+            };
+            match frame {
+                Frame::Batch(batch) => {
+                    self.stats.batches_received += 1;
+                    for record in batch.records() {
+                        self.stats.records_received += 1;
+                        self.on_record(now, lane, record?)?;
+                    }
+                }
+                Frame::Close(close) => {
+                    return Err(LaneError::PeerClosed {
+                        code: close.code,
+                        reason: close.reason,
+                    });
+                }
+                Frame::Hello(_) => return Err(LaneError::Protocol("HELLO after the handshake")),
+            }
+        }
+    }
+
+    fn on_record(&mut self, now: Instant, lane: LaneId, record: Record) -> Result<(), LaneError> {
+        match (self.config.side, record) {
+            (_, Record::Heartbeat) => Ok(()),
+            (_, Record::GoAway { code }) => {
+                if self.peer_goaway.is_none() {
+                    self.peer_goaway = Some(code);
+                    self.events.push_back(MuxEvent::GoAway { code });
+                }
+                Ok(())
+            }
+            (
+                Side::Frontend,
+                Record::Open {
+                    stream,
+                    ticket,
+                    token,
+                    prologue,
+                },
+            ) => self.on_open(now, lane, stream, ticket, token, prologue),
+            (
+                Side::Frontend,
+                Record::Data {
+                    stream,
+                    seq,
+                    payload,
+                },
+            ) => {
+                self.on_data(now, lane, stream, seq, payload, false);
+                Ok(())
+            }
+            (
+                Side::Frontend,
+                Record::Final {
+                    stream,
+                    seq,
+                    payload,
+                },
+            ) => {
+                self.on_data(now, lane, stream, seq, payload, true);
+                Ok(())
+            }
+            (
+                Side::Frontend,
+                Record::Error {
+                    stream,
+                    code,
+                    message,
+                },
+            ) => {
+                if let Some(key) = self.live_wire(lane, stream) {
+                    self.end_stream(key, Event::Error, StreamEnd::Error { code, message });
+                }
+                Ok(())
+            }
+            (Side::Worker, Record::Credit { stream, grant }) => self.on_credit(lane, stream, grant),
+            (Side::Worker, Record::Stop { stream }) => {
+                if let Some(key) = self.own_stream(lane, stream)?
+                    && let Some(s) = self.streams.get_mut(key)
+                    && s.state == State::Open
+                {
+                    s.state = State::Stopping;
+                    self.events.push_back(MuxEvent::StopRequested(key));
+                }
+                Ok(())
+            }
+            (Side::Worker, Record::Cancel { stream, code }) => {
+                if let Some(key) = self.own_stream(lane, stream)? {
+                    self.end_stream(key, Event::Cancel, StreamEnd::Cancelled(code));
+                }
+                Ok(())
+            }
+            (Side::Frontend, _) => Err(LaneError::Protocol(
+                "a frontend received a record only frontends send",
+            )),
+            (Side::Worker, _) => Err(LaneError::Protocol(
+                "a worker received a record only workers send",
+            )),
+        }
+    }
+
+    fn on_open(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        id: StreamId,
+        ticket: u64,
+        token: Token,
+        prologue: Bytes,
+    ) -> Result<(), LaneError> {
+        let i = usize::from(lane.0);
+        let refuse = |mux: &mut Self, code| {
+            mux.stats.streams_refused += 1;
+            mux.push_record(lane, &Record::Cancel { stream: id, code }, true);
+            mux.update_ready(lane, now);
+        };
+        let Some(slot) = usize::try_from(id.slot())
+            .ok()
+            .filter(|&s| s < self.config.max_streams as usize)
+        else {
+            refuse(self, CancelCode::TOO_MANY_STREAMS);
+            return Ok(());
+        };
+        if let Some(Some(existing)) = self.lanes[i].wire.get(slot).copied() {
+            if existing.generation == id.generation() {
+                self.violate(now, existing.key, "second OPEN for a live stream");
+                return Ok(());
+            }
+            return Err(LaneError::Protocol(
+                "OPEN reuses a slot whose stream is still live on this lane",
+            ));
+        }
+        if self.local_goaway {
+            refuse(self, CancelCode::GOING_AWAY);
+            return Ok(());
+        }
+        let window = self.config.window;
+        let stream = Stream {
+            state: State::Open,
+            lane,
+            wire: id,
+            half: Half::Recv(RecvHalf::new(window)),
+        };
+        let Some(key) = self.streams.insert(stream, self.config.max_streams) else {
+            refuse(self, CancelCode::TOO_MANY_STREAMS);
+            return Ok(());
+        };
+        let wire = &mut self.lanes[i].wire;
+        if wire.len() <= slot {
+            // Bounded: slot < max_streams was checked above.
+            wire.resize(slot + 1, None);
+        }
+        wire[slot] = Some(WireSlot {
+            generation: id.generation(),
+            key,
+        });
+        self.lanes[i].streams += 1;
+        self.stats.streams_opened += 1;
+        self.events.push_back(MuxEvent::Opened {
+            stream: key,
+            ticket,
+            token,
+            prologue,
+        });
+        Ok(())
+    }
+
+    fn on_data(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        id: StreamId,
+        seq: u32,
+        payload: Bytes,
+        last: bool,
+    ) {
+        let Some(key) = self.live_wire(lane, id) else {
+            return;
+        };
+        let len = payload.len() as u64;
+        let Some(s) = self.streams.get_mut(key) else {
+            return;
+        };
+        let Half::Recv(r) = &mut s.half else { return };
+        if seq != r.seq {
+            self.violate(now, key, "sequence gap");
+            return;
+        }
+        if !last {
+            let Some(available) = r.available.checked_sub(1) else {
+                self.violate(now, key, "DATA without credit");
+                return;
+            };
+            r.available = available;
+            r.seq = r.seq.wrapping_add(1);
+        }
+        self.stats.payload_bytes_received += len;
+        if !last || !payload.is_empty() {
+            r.queue.push_back((payload, !last));
+            if !r.readable_signalled {
+                r.readable_signalled = true;
+                self.events.push_back(MuxEvent::Readable(key));
+            }
+        }
+        if last {
+            self.end_stream(key, Event::Finish, StreamEnd::Finished);
+        }
+    }
+
+    fn on_credit(&mut self, lane: LaneId, id: StreamId, grant: u32) -> Result<(), LaneError> {
+        let Some(key) = self.own_stream(lane, id)? else {
+            return Ok(());
+        };
+        let Some(s) = self.streams.get_mut(key) else {
+            return Ok(());
+        };
+        let Half::Send(h) = &mut s.half else {
+            return Ok(());
+        };
+        let credit = h
+            .credit
+            .checked_add(grant)
+            .filter(|&c| c <= h.window)
+            .ok_or(LaneError::Protocol(
+                "CREDIT raises a stream above its window",
+            ))?;
+        h.credit = credit;
+        if h.blocked {
+            h.blocked = false;
+            self.events.push_back(MuxEvent::Writable(key));
+        }
+        Ok(())
+    }
+
+    /// Frontend: the live stream `id` names on `lane`, or `None` (stale: dropped and counted).
+    fn live_wire(&mut self, lane: LaneId, id: StreamId) -> Option<StreamKey> {
+        let key = self.lanes[usize::from(lane.0)].wire_slot(id);
+        let live = key
+            .and_then(|k| self.streams.get(k))
+            .is_some_and(|s| s.state.is_live());
+        if !live {
+            self.stats.stale_drops += 1;
+            return None;
+        }
+        key
+    }
+
+    /// Worker: the live stream `id` names, or `None` when it is stale (dropped and counted).
+    ///
+    /// # Errors
+    ///
+    /// A record for a live stream of another lane breaks the lane rule.
+    fn own_stream(&mut self, lane: LaneId, id: StreamId) -> Result<Option<StreamKey>, LaneError> {
+        let key = Key {
+            index: id.slot(),
+            generation: id.generation(),
+        };
+        match self.streams.get(key) {
+            Some(s) if s.state.is_live() && s.lane != lane => {
+                Err(LaneError::Protocol("record for a stream on another lane"))
+            }
+            Some(s) if s.state.is_live() => Ok(Some(key)),
+            _ => {
+                self.stats.stale_drops += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Frontend: ends a stream that broke a protocol rule and tells the worker (CANCEL with
+    /// [`CancelCode::PROTOCOL_ERROR`]). Only this stream dies.
+    fn violate(&mut self, now: Instant, key: StreamKey, reason: &'static str) {
+        let Some(s) = self.streams.get(key) else {
+            return;
+        };
+        let (lane, wire) = (s.lane, s.wire);
+        tracing::debug!(stream = %wire, reason, "stream protocol violation");
+        self.end_stream(key, Event::Violation, StreamEnd::Violation(reason));
+        self.push_record(
+            lane,
+            &Record::Cancel {
+                stream: wire,
+                code: CancelCode::PROTOCOL_ERROR,
+            },
+            true,
+        );
+        self.update_ready(lane, now);
+    }
+}

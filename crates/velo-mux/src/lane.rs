@@ -1,0 +1,251 @@
+//! Per-lane state: handshake parameters, the batch being built, sealed batches waiting for
+//! the transport, timers, and (frontend) the lane's table of wire stream ids.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use velo_wire::{FRAME_HEADER_LEN, FrameDecoder, FrameKind, StreamId, frame_header};
+
+use crate::StreamKey;
+use crate::flush::{FlushPolicy, FlushReason, Pending};
+
+/// A lane's index within its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaneId(pub u16);
+
+impl std::fmt::Display for LaneId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "lane {}", self.0)
+    }
+}
+
+/// Where a lane is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LaneState {
+    /// Not connected (yet, or again after a failure).
+    Down,
+    /// Handshake done; records flow.
+    Up,
+    /// Failed or closed; a CLOSE frame may still wait in [`Mux::poll_transmit`](crate::Mux::poll_transmit).
+    Closed,
+}
+
+/// What the peer announced in its HELLO.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerParams {
+    pub(crate) window: u32,
+    pub(crate) max_frame_len: u32,
+    pub(crate) heartbeat_interval: Duration,
+}
+
+/// Frontend: which local stream a worker slot on this lane belongs to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WireSlot {
+    pub(crate) generation: u32,
+    pub(crate) key: StreamKey,
+}
+
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub(crate) state: LaneState,
+    pub(crate) peer: PeerParams,
+    pub(crate) decoder: FrameDecoder,
+    /// Live streams placed on this lane (for least-loaded placement).
+    pub(crate) streams: u32,
+    /// Frontend: worker slot -> stream, for streams opened on this lane.
+    pub(crate) wire: Vec<Option<WireSlot>>,
+    pub(crate) tx: Tx,
+    pub(crate) last_rx: Instant,
+    /// The driver was told this lane has something to transmit and has not polled since.
+    pub(crate) signalled: bool,
+    /// A send was refused because the buffer was full: report `LaneWritable` once it drains.
+    pub(crate) blocked: bool,
+    /// Frontend: streams with unreturned credit, granted on the next sealed batch.
+    pub(crate) grant_list: Vec<StreamKey>,
+}
+
+impl Lane {
+    pub(crate) fn new(max_frame_len: u32, now: Instant) -> Self {
+        Self {
+            state: LaneState::Down,
+            peer: PeerParams {
+                window: 1,
+                max_frame_len: velo_wire::MIN_MAX_FRAME_LEN,
+                heartbeat_interval: Duration::from_secs(1),
+            },
+            decoder: FrameDecoder::new(max_frame_len),
+            streams: 0,
+            wire: Vec::new(),
+            tx: Tx::new(now),
+            last_rx: now,
+            signalled: false,
+            blocked: false,
+            grant_list: Vec::new(),
+        }
+    }
+
+    pub(crate) fn wire_slot(&self, id: StreamId) -> Option<StreamKey> {
+        let slot = self.wire.get(usize::try_from(id.slot()).ok()?)?.as_ref()?;
+        (slot.generation == id.generation()).then_some(slot.key)
+    }
+
+    pub(crate) fn clear_wire_slot(&mut self, id: StreamId) {
+        if let Some(entry) = usize::try_from(id.slot())
+            .ok()
+            .and_then(|i| self.wire.get_mut(i))
+            && entry.is_some_and(|s| s.generation == id.generation())
+        {
+            *entry = None;
+        }
+    }
+}
+
+/// The transmit side of a lane.
+///
+/// Records are encoded straight into `out`, where the open batch starts with a placeholder
+/// frame header at `batch_start`. Sealing patches the header and moves the batch to `ready`
+/// as a frozen `Bytes` (no copy; the buffer's allocation is reclaimed once the transport drops
+/// it). Large payloads are not copied: their record gets a batch of its own whose payload is
+/// chained as a separate `Bytes`, for a vectored write.
+#[derive(Debug)]
+pub(crate) struct Tx {
+    pub(crate) out: BytesMut,
+    /// An open batch exists in `out`.
+    pub(crate) open: bool,
+    pub(crate) records: u32,
+    pub(crate) oldest: Option<Instant>,
+    pub(crate) grant_deadline: Option<Instant>,
+    pub(crate) urgent: bool,
+    pub(crate) hinted: bool,
+    /// Sealed chunks waiting for the transport, and their total length.
+    pub(crate) ready: VecDeque<Bytes>,
+    pub(crate) ready_bytes: usize,
+    /// Records and batch count waiting in `ready`, for stats at hand-off.
+    pub(crate) last_tx: Instant,
+}
+
+/// Initial capacity of a lane's batch buffer, in bytes.
+const TX_BUFFER: usize = 64 * 1024;
+
+impl Tx {
+    fn new(now: Instant) -> Self {
+        Self {
+            out: BytesMut::new(),
+            open: false,
+            records: 0,
+            oldest: None,
+            grant_deadline: None,
+            urgent: false,
+            hinted: false,
+            ready: VecDeque::new(),
+            ready_bytes: 0,
+            last_tx: now,
+        }
+    }
+
+    /// Bytes held for the transport: the open batch plus sealed ones.
+    pub(crate) fn buffered(&self) -> usize {
+        self.out.len() + self.ready_bytes
+    }
+
+    /// Body bytes of the open batch.
+    pub(crate) fn batch_body_len(&self) -> usize {
+        if self.open {
+            self.out.len() - FRAME_HEADER_LEN
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn pending(&self) -> Pending {
+        Pending {
+            records: self.records,
+            bytes: self.batch_body_len(),
+            oldest: self.oldest,
+            grant_deadline: self.grant_deadline,
+            urgent: self.urgent,
+            hinted: self.hinted,
+        }
+    }
+
+    /// Makes sure a batch is open with room for `len` more body bytes under `cap`, sealing
+    /// the current one first if it would overflow. Returns a sealed batch's record count.
+    pub(crate) fn room_for(&mut self, len: usize, cap: usize) -> Option<u32> {
+        let mut sealed = None;
+        if self.open && self.batch_body_len() + len > cap {
+            sealed = self.seal();
+        }
+        if !self.open {
+            if self.out.capacity() - self.out.len() < FRAME_HEADER_LEN + len {
+                self.out.reserve((FRAME_HEADER_LEN + len).max(TX_BUFFER));
+            }
+            self.out.extend_from_slice(&[0; FRAME_HEADER_LEN]);
+            self.open = true;
+        }
+        sealed
+    }
+
+    /// Seals the open batch into `ready`. Returns its record count.
+    pub(crate) fn seal(&mut self) -> Option<u32> {
+        self.seal_with_tail(None)
+    }
+
+    /// Seals the open batch, whose last record's payload is `tail` (not in `out`).
+    pub(crate) fn seal_with_tail(&mut self, tail: Option<Bytes>) -> Option<u32> {
+        if !self.open {
+            return None;
+        }
+        let tail_len = tail.as_ref().map_or(0, Bytes::len);
+        let body = self.out.len() - FRAME_HEADER_LEN + tail_len;
+        let body = u32::try_from(body).expect("batches are capped below the frame limit");
+        self.out[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(FrameKind::Batch, body));
+        let chunk = self.out.split().freeze();
+        self.ready_bytes += chunk.len() + tail_len;
+        self.ready.push_back(chunk);
+        if let Some(t) = tail {
+            self.ready.push_back(t);
+        }
+        let records = self.records;
+        self.open = false;
+        self.records = 0;
+        self.oldest = None;
+        self.grant_deadline = None;
+        self.urgent = false;
+        self.hinted = false;
+        Some(records)
+    }
+
+    /// Whether the open batch should be flushed now, and why.
+    pub(crate) fn due(
+        &self,
+        policy: &FlushPolicy,
+        cap: usize,
+        now: Instant,
+    ) -> Option<FlushReason> {
+        if !self.open {
+            return None;
+        }
+        let policy = FlushPolicy {
+            max_batch_bytes: policy.max_batch_bytes.min(cap),
+            ..*policy
+        };
+        match policy.decide(&self.pending(), now) {
+            crate::flush::Flush::Now(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Drops everything queued (the lane failed).
+    pub(crate) fn discard(&mut self) {
+        self.out.clear();
+        self.open = false;
+        self.records = 0;
+        self.oldest = None;
+        self.grant_deadline = None;
+        self.urgent = false;
+        self.hinted = false;
+        self.ready.clear();
+        self.ready_bytes = 0;
+    }
+}

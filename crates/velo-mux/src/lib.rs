@@ -1,0 +1,122 @@
+//! The velo response plane's multiplexer: many response streams between one worker process
+//! and one frontend, over a set of lanes, as a sans-IO state machine.
+//!
+//! # Layer contract
+//!
+//! This crate decides *what* goes on the wire and *when*; it never does I/O. It reads no
+//! clock (every call takes `now`), opens no socket, spawns nothing and never imports tokio.
+//! Bytes come in through [`Mux::handle_input`], batches leave through [`Mux::poll_transmit`],
+//! and everything the driver must act on comes out of [`Mux::poll_event`]. The TCP and UCX
+//! drivers are thin loops around it (see `velo-session`), which is why the hard logic here is
+//! tested deterministically with virtual time (the `testing` module, behind the `test-util`
+//! feature).
+//!
+//! # What it does
+//!
+//! - **Streams** are opened by the worker ([`Mux::open`], carrying the prologue), fed with
+//!   [`Mux::send`] and ended with [`Mux::finish`] or [`Mux::reset`]; the frontend reads them
+//!   with [`Mux::recv`] and may [`Mux::stop`] or [`Mux::cancel`] them. Each stream ends
+//!   exactly once on each side. Stream ids carry a generation; records for a stale
+//!   generation are dropped and counted ([`MuxStats::stale_drops`]).
+//! - **Lanes**: a stream is placed on the least-loaded lane and stays there. A failed lane
+//!   ends only its own streams, each told once.
+//! - **Credits**: each stream may have `window` DATA records (32 by default) unconsumed; the
+//!   terminal record has its own reserved credit, so a full window never wedges a finish.
+//!   Grants go back in batches (half a window at a time, or riding on a batch that is sent
+//!   anyway). A send without credit is refused with [`Blocked::Credit`] and the application
+//!   waits for [`MuxEvent::Writable`]: backpressure, not failure.
+//! - **Batching**: records of all streams of a lane share a batch, flushed by the
+//!   [`FlushPolicy`]: a maximum delay (5 ms default, 0 greedy), size caps, or the
+//!   application's [`Mux::flush_hint`] (once per engine forward pass).
+//! - **Liveness**: a lane that hears nothing for the idle timeout is closed; heartbeats go at
+//!   the head of the next batch, never behind queued data.
+//!
+//! # Bounds
+//!
+//! | bound | setting | at the bound |
+//! |---|---|---|
+//! | streams per connection | `max_streams` (65,536) | worker: [`OpenError::TooManyStreams`]; frontend: the OPEN is refused with CANCEL |
+//! | items buffered per stream (frontend) | `window` (32) + the last item | the worker is out of credit and waits; more is a protocol violation of that stream |
+//! | bytes queued per lane (worker) | `max_buffered_bytes` (4 MiB) | sends wait ([`Blocked::Lane`]); small FINAL and ERROR records are always taken |
+//! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
+//! | batch size | [`FlushPolicy`] (64 KiB, 1,024 records) | the batch is sealed and a new one starts |
+//! | events | one pending event of each kind per stream | - |
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Instant;
+//! use velo_mux::testing::Pair;
+//! use velo_mux::{Recv, MuxEvent};
+//!
+//! let mut pair = Pair::new(velo_mux::testing::default_configs());
+//! let (stream, _) = pair.open_stream(b"{\"error\":null}");
+//! pair.worker_send(stream, b"token 1");
+//! pair.worker_finish(stream, b"");
+//! pair.drive();
+//! let got = pair.frontend_read_all();
+//! assert_eq!(got.len(), 1);
+//! ```
+
+mod config;
+mod error;
+mod event;
+pub mod flush;
+pub mod handshake;
+mod input;
+mod lane;
+mod mux;
+mod recv;
+mod send;
+mod slab;
+pub mod state;
+mod stats;
+mod stream;
+
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use config::{
+    ConfigError, DEFAULT_GRANT_DELAY, DEFAULT_IDLE_TIMEOUT, DEFAULT_LANES,
+    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW, MuxConfig, MuxConfigBuilder,
+    Side,
+};
+pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError};
+pub use event::MuxEvent;
+pub use flush::{FlushPolicy, FlushReason};
+pub use lane::{LaneId, LaneState};
+pub use mux::{CHAIN_THRESHOLD, LaneSet, MAX_TRANSMIT_CHUNKS, Mux, Transmit};
+pub use recv::Recv;
+pub use send::RESET_DROPPED;
+pub use slab::Key as StreamKey;
+pub use stats::{BATCH_RECORDS_BUCKETS, MuxStats};
+
+/// How a stream ended, as either side sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamEnd {
+    /// The worker finished the stream cleanly (FINAL).
+    #[error("finished")]
+    Finished,
+    /// The worker ended the stream with an error (ERROR), as the frontend sees it.
+    #[error("worker ended the stream with error {code}: {message}")]
+    Error {
+        /// Application-defined code.
+        code: u32,
+        /// The worker's message.
+        message: String,
+    },
+    /// The worker ended the stream with an error, as the worker sees it.
+    #[error("reset by this side with code {0}")]
+    Reset(u32),
+    /// The frontend cancelled (or refused) the stream; the code is a
+    /// [`CancelCode`](velo_wire::CancelCode).
+    #[error("cancelled (code {0})")]
+    Cancelled(u32),
+    /// The stream's lane failed before the stream ended.
+    #[error("lane lost: {0}")]
+    Lost(LaneError),
+    /// The worker broke a protocol rule on this stream.
+    #[error("protocol violation: {0}")]
+    Violation(&'static str),
+}

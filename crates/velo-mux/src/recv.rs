@@ -1,0 +1,207 @@
+//! The frontend's stream calls: recv, stop, cancel; and credit return.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use velo_wire::{CancelCode, Record};
+
+use crate::state::{Event, State};
+use crate::stream::Half;
+use crate::{LaneId, Mux, StreamEnd, StreamKey};
+
+/// What [`Mux::recv`] hands the application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recv {
+    /// The next item, in order.
+    Item(Bytes),
+    /// The stream's end, delivered exactly once, after every item.
+    End(StreamEnd),
+}
+
+impl Mux {
+    /// Frontend: the next item or the end of a stream, or `None` when nothing is there yet
+    /// (wait for [`MuxEvent::Readable`](crate::MuxEvent::Readable)). Reading items returns
+    /// their credit to the worker, in batches.
+    pub fn recv(&mut self, now: Instant, key: StreamKey) -> Option<Recv> {
+        let s = self.streams.get_mut(key)?;
+        let lane = s.lane;
+        let live = s.state.is_live();
+        let Half::Recv(r) = &mut s.half else {
+            return None;
+        };
+        if let Some((item, used_credit)) = r.queue.pop_front() {
+            if r.queue.is_empty() {
+                r.readable_signalled = false;
+            }
+            if used_credit && live {
+                self.consumed(now, key, lane, 1);
+            }
+            return Some(Recv::Item(item));
+        }
+        r.readable_signalled = false;
+        if r.end_delivered {
+            return None;
+        }
+        let end = r.end.clone()?;
+        r.end_delivered = true;
+        Some(Recv::End(end))
+    }
+
+    /// Frontend: moves every queued item of a stream into `out` (one call per wake instead of
+    /// one per item) and returns the end if it was reached. Returns `None` for an unknown key.
+    pub fn recv_all(
+        &mut self,
+        now: Instant,
+        key: StreamKey,
+        out: &mut impl Extend<Bytes>,
+    ) -> Option<Option<StreamEnd>> {
+        let s = self.streams.get_mut(key)?;
+        let lane = s.lane;
+        let live = s.state.is_live();
+        let Half::Recv(r) = &mut s.half else {
+            return None;
+        };
+        let mut credited = 0u32;
+        out.extend(r.queue.drain(..).map(|(item, used)| {
+            credited += u32::from(used);
+            item
+        }));
+        r.readable_signalled = false;
+        let end = if r.end_delivered {
+            None
+        } else {
+            let end = r.end.clone();
+            r.end_delivered = end.is_some();
+            end
+        };
+        if credited > 0 && live {
+            self.consumed(now, key, lane, credited);
+        }
+        Some(end)
+    }
+
+    /// Frontend: asks the worker to finish the stream soon (graceful). Items keep coming until
+    /// the end. Does nothing on an ended stream or after the first call.
+    pub fn stop(&mut self, now: Instant, key: StreamKey) {
+        let Some(s) = self.streams.get_mut(key) else {
+            return;
+        };
+        let (lane, wire) = (s.lane, s.wire);
+        let Half::Recv(r) = &mut s.half else { return };
+        if r.stop_sent || !s.state.is_live() {
+            return;
+        }
+        r.stop_sent = true;
+        if let Ok(next) = s.state.on(Event::Stop) {
+            s.state = next;
+        }
+        self.push_record(lane, &Record::Stop { stream: wire }, true);
+        self.update_ready(lane, now);
+    }
+
+    /// Frontend: ends the stream now (hard cancel, or refusal of an OPEN with `code`
+    /// [`CancelCode::REFUSED`]). Queued items are dropped; the worker is told with CANCEL and
+    /// records still in flight are dropped as stale when they arrive.
+    pub fn cancel(&mut self, now: Instant, key: StreamKey, code: u32) {
+        let Some(s) = self.streams.get_mut(key) else {
+            return;
+        };
+        let (lane, wire, live) = (s.lane, s.wire, s.state.is_live());
+        let Half::Recv(r) = &mut s.half else { return };
+        if !live {
+            return;
+        }
+        r.queue.clear();
+        if code != CancelCode::CANCELLED {
+            self.stats.streams_refused += 1;
+        }
+        self.end_stream(key, Event::Cancel, StreamEnd::Cancelled(code));
+        self.push_record(lane, &Record::Cancel { stream: wire, code }, true);
+        self.update_ready(lane, now);
+    }
+
+    /// Frontend: items waiting to be read on a stream.
+    pub fn queued(&self, key: StreamKey) -> usize {
+        match self.streams.get(key).map(|s| &s.half) {
+            Some(Half::Recv(r)) => r.queue.len(),
+            _ => 0,
+        }
+    }
+
+    /// Returns credit for `n` consumed items; a CREDIT record goes out once half the window
+    /// is unreturned, and smaller amounts ride on the next batch that is sealed anyway.
+    fn consumed(&mut self, now: Instant, key: StreamKey, lane: LaneId, n: u32) {
+        let grant_delay = self.config.grant_delay;
+        let Some(s) = self.streams.get_mut(key) else {
+            return;
+        };
+        let wire = s.wire;
+        let Half::Recv(r) = &mut s.half else { return };
+        r.unreturned += n;
+        let threshold = (r.window / 2).max(1);
+        if r.unreturned < threshold {
+            if !r.in_grant_list {
+                r.in_grant_list = true;
+                self.lanes[usize::from(lane.0)].grant_list.push(key);
+            }
+            return;
+        }
+        let grant = std::mem::take(&mut r.unreturned);
+        r.available += grant;
+        self.push_record(
+            lane,
+            &Record::Credit {
+                stream: wire,
+                grant,
+            },
+            false,
+        );
+        self.stats.grants_sent += 1;
+        let tx = &mut self.lanes[usize::from(lane.0)].tx;
+        let deadline = now + grant_delay;
+        tx.grant_deadline = Some(tx.grant_deadline.map_or(deadline, |d| d.min(deadline)));
+        self.update_ready(lane, now);
+    }
+
+    /// Adds CREDIT records for every stream of `lane` with unreturned credit to the open batch
+    /// (called just before it is sealed).
+    pub(crate) fn piggyback_grants(&mut self, lane: LaneId) {
+        let i = usize::from(lane.0);
+        let list = std::mem::take(&mut self.lanes[i].grant_list);
+        for key in &list {
+            let Some(s) = self.streams.get_mut(*key) else {
+                continue;
+            };
+            let (wire, live) = (s.wire, s.state.is_live());
+            let Half::Recv(r) = &mut s.half else { continue };
+            r.in_grant_list = false;
+            if !live || r.unreturned == 0 {
+                continue;
+            }
+            let grant = std::mem::take(&mut r.unreturned);
+            r.available += grant;
+            self.push_record(
+                lane,
+                &Record::Credit {
+                    stream: wire,
+                    grant,
+                },
+                false,
+            );
+            self.stats.grants_sent += 1;
+        }
+        // Keep the allocation for next time.
+        let mut list = list;
+        list.clear();
+        if self.lanes[i].grant_list.is_empty() {
+            self.lanes[i].grant_list = list;
+        }
+    }
+
+    /// Frontend: whether STOP was sent for the stream.
+    pub fn is_stopping(&self, key: StreamKey) -> bool {
+        self.streams
+            .get(key)
+            .is_some_and(|s| s.state == State::Stopping)
+    }
+}

@@ -1,0 +1,301 @@
+//! The worker's stream calls: open, send, finish, reset, release.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use velo_wire::{
+    DataKind, Record, StreamId, Token, data_header_len, encode_data_header, encode_open, open_len,
+};
+
+use crate::lane::LaneState;
+use crate::mux::{CHAIN_THRESHOLD, lane_id};
+use crate::state::{Event, State};
+use crate::stream::{Half, SendHalf, Stream};
+use crate::{Blocked, LaneId, Mux, OpenError, SendError, Side, StreamEnd, StreamKey};
+
+/// Error code sent in an ERROR record when a worker releases a stream it never finished
+/// (the application dropped its sender): the frontend sees an abnormal end.
+pub const RESET_DROPPED: u32 = u32::MAX;
+
+impl Mux {
+    /// Worker: opens a stream on the least-loaded lane and queues its OPEN record carrying
+    /// `prologue`. The stream starts with the credit the frontend announced for that lane.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`]; nothing is sent when it fails.
+    pub fn open(
+        &mut self,
+        now: Instant,
+        ticket: u64,
+        token: &Token,
+        prologue: &[u8],
+    ) -> Result<StreamKey, OpenError> {
+        if self.config.side != Side::Worker {
+            return Err(OpenError::WrongSide);
+        }
+        if let Some(code) = self.peer_goaway {
+            return Err(OpenError::GoingAway(code));
+        }
+        let lane = self.least_loaded_lane().ok_or(OpenError::NoLane)?;
+        let i = usize::from(lane.0);
+        let max = self.record_cap(i);
+        let prologue_len = u32::try_from(prologue.len())
+            .ok()
+            .filter(|&l| l <= max)
+            .ok_or(OpenError::PrologueTooLarge {
+                len: prologue.len(),
+                max,
+            })?;
+        let window = self.lanes[i].peer.window;
+        let stream = Stream {
+            state: State::Open,
+            lane,
+            wire: StreamId::new(0, 0),
+            half: Half::Send(SendHalf {
+                credit: window,
+                window,
+                seq: 0,
+                blocked: false,
+                end: None,
+            }),
+        };
+        let key = self
+            .streams
+            .insert(stream, self.config.max_streams)
+            .ok_or(OpenError::TooManyStreams(self.config.max_streams))?;
+        let wire = StreamId::new(key.index(), key.generation());
+        if let Some(s) = self.streams.get_mut(key) {
+            s.wire = wire;
+        }
+        self.lanes[i].streams += 1;
+        self.stats.streams_opened += 1;
+        let len = open_len(wire, ticket, prologue_len);
+        self.push_with(lane, len, now, |out| {
+            encode_open(out, wire, ticket, token, prologue)
+        });
+        self.update_ready(lane, now);
+        Ok(key)
+    }
+
+    /// Worker: queues one item. Small payloads are copied into the lane's batch.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::WouldBlock`] when the stream has no credit or the lane buffer is full
+    /// (wait for the event it names, then retry); [`SendError::Closed`] once the stream has
+    /// ended; caller errors otherwise.
+    pub fn send(&mut self, now: Instant, key: StreamKey, payload: &[u8]) -> Result<(), SendError> {
+        let (lane, wire, seq) = self.check_send(key, payload.len(), DataKind::Data)?;
+        let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+        let header = data_header_len(wire, seq, len);
+        self.push_with(lane, header + payload.len(), now, |out| {
+            encode_data_header(out, DataKind::Data, wire, seq, len);
+            out.extend_from_slice(payload);
+        });
+        self.after_data(now, lane, payload.len());
+        Ok(())
+    }
+
+    /// Worker: queues one item given as [`Bytes`]; payloads of [`CHAIN_THRESHOLD`] bytes or
+    /// more are chained for a vectored write instead of copied.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
+    pub fn send_bytes(
+        &mut self,
+        now: Instant,
+        key: StreamKey,
+        payload: Bytes,
+    ) -> Result<(), SendError> {
+        if payload.len() < CHAIN_THRESHOLD {
+            return self.send(now, key, &payload);
+        }
+        let (lane, wire, seq) = self.check_send(key, payload.len(), DataKind::Data)?;
+        let n = payload.len();
+        let len = u32::try_from(n).unwrap_or(u32::MAX);
+        let header = data_header_len(wire, seq, len);
+        self.push_chained(lane, header, payload, |out| {
+            encode_data_header(out, DataKind::Data, wire, seq, len);
+        });
+        self.after_data(now, lane, n);
+        Ok(())
+    }
+
+    /// Worker: ends the stream cleanly with a FINAL record carrying `payload` (the last item,
+    /// or empty). FINAL uses the credit reserved for it, so a full window never blocks it.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::WouldBlock`]`(Lane)` only when `payload` is large and the lane buffer is
+    /// full; [`SendError::Closed`] if the stream had already ended.
+    pub fn finish(
+        &mut self,
+        now: Instant,
+        key: StreamKey,
+        payload: Bytes,
+    ) -> Result<(), SendError> {
+        let (lane, wire, seq) = self.check_send(key, payload.len(), DataKind::Final)?;
+        let n = payload.len();
+        let len = u32::try_from(n).unwrap_or(u32::MAX);
+        let header = data_header_len(wire, seq, len);
+        if n >= CHAIN_THRESHOLD {
+            self.push_chained(lane, header, payload, |out| {
+                encode_data_header(out, DataKind::Final, wire, seq, len);
+            });
+        } else {
+            self.push_with(lane, header + n, now, |out| {
+                encode_data_header(out, DataKind::Final, wire, seq, len);
+                out.extend_from_slice(&payload);
+            });
+        }
+        self.stats.payload_bytes_sent += n as u64;
+        self.end_stream(key, Event::Finish, StreamEnd::Finished);
+        self.update_ready(lane, now);
+        Ok(())
+    }
+
+    /// Worker: ends the stream abnormally with an ERROR record. Never blocks: an ERROR is
+    /// small and uses the reserved credit.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Closed`] if the stream had already ended; caller errors otherwise.
+    pub fn reset(
+        &mut self,
+        now: Instant,
+        key: StreamKey,
+        code: u32,
+        message: &str,
+    ) -> Result<(), SendError> {
+        let s = self.streams.get(key).ok_or(SendError::UnknownStream)?;
+        let Half::Send(h) = &s.half else {
+            return Err(SendError::WrongSide);
+        };
+        if !s.state.is_live() {
+            return Err(SendError::Closed(
+                h.end.clone().unwrap_or(StreamEnd::Finished),
+            ));
+        }
+        let (lane, wire) = (s.lane, s.wire);
+        // Bound the message so the record always fits a frame.
+        let mut end = message.len().min(velo_wire::MAX_CLOSE_REASON_LEN);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let record = Record::Error {
+            stream: wire,
+            code,
+            message: message[..end].to_owned(),
+        };
+        self.push_record(lane, &record, false);
+        let tx = &mut self.lanes[usize::from(lane.0)].tx;
+        tx.oldest.get_or_insert(now);
+        self.end_stream(key, Event::Error, StreamEnd::Reset(code));
+        self.update_ready(lane, now);
+        Ok(())
+    }
+
+    /// Lets go of a stream: its slot may be reused. A worker stream still live is reset with
+    /// [`RESET_DROPPED`]; a frontend stream still live is cancelled. Unknown keys are ignored.
+    pub fn release(&mut self, now: Instant, key: StreamKey) {
+        let Some(s) = self.streams.get(key) else {
+            return;
+        };
+        if s.state.is_live() {
+            match s.half {
+                Half::Send(_) => {
+                    let _ =
+                        self.reset(now, key, RESET_DROPPED, "stream dropped before it finished");
+                }
+                Half::Recv(_) => self.cancel(now, key, velo_wire::CancelCode::CANCELLED),
+            }
+        }
+        self.streams.remove(key);
+    }
+
+    /// Worker: whether the frontend asked this stream to stop.
+    pub fn is_stop_requested(&self, key: StreamKey) -> bool {
+        self.streams
+            .get(key)
+            .is_some_and(|s| s.state == State::Stopping)
+    }
+
+    /// Worker: how the stream ended, if it has.
+    pub fn send_end(&self, key: StreamKey) -> Option<StreamEnd> {
+        match &self.streams.get(key)?.half {
+            Half::Send(h) => h.end.clone(),
+            Half::Recv(_) => None,
+        }
+    }
+
+    /// Worker: DATA records the stream may send before its next grant.
+    pub fn send_credit(&self, key: StreamKey) -> Option<u32> {
+        match &self.streams.get(key)?.half {
+            Half::Send(h) => Some(h.credit),
+            Half::Recv(_) => None,
+        }
+    }
+
+    fn least_loaded_lane(&self) -> Option<LaneId> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.state == LaneState::Up)
+            .min_by_key(|(i, l)| (l.streams, *i))
+            .map(|(i, _)| lane_id(i))
+    }
+
+    /// Checks that `key` may send a record of `kind` with a payload of `len` bytes now;
+    /// returns its lane, wire id and sequence number.
+    fn check_send(
+        &mut self,
+        key: StreamKey,
+        len: usize,
+        kind: DataKind,
+    ) -> Result<(LaneId, StreamId, u32), SendError> {
+        let s = self.streams.get(key).ok_or(SendError::UnknownStream)?;
+        let lane = s.lane;
+        let i = usize::from(lane.0);
+        let max = self.record_cap(i);
+        let full = self.lanes[i].tx.buffered() >= self.config.max_buffered_bytes;
+        let s = self.streams.get_mut(key).ok_or(SendError::UnknownStream)?;
+        let wire = s.wire;
+        let live = s.state.is_live();
+        let Half::Send(h) = &mut s.half else {
+            return Err(SendError::WrongSide);
+        };
+        if !live {
+            return Err(SendError::Closed(
+                h.end.clone().unwrap_or(StreamEnd::Finished),
+            ));
+        }
+        if u32::try_from(len).map_or(true, |l| l > max) {
+            return Err(SendError::TooLarge { len, max });
+        }
+        if kind == DataKind::Data && h.credit == 0 {
+            h.blocked = true;
+            self.stats.credit_stalls += 1;
+            return Err(SendError::WouldBlock(Blocked::Credit));
+        }
+        // A small terminal record is always accepted, so finishing never waits on the lane.
+        let terminal_small = kind == DataKind::Final && len < CHAIN_THRESHOLD;
+        if full && !terminal_small {
+            self.lanes[i].blocked = true;
+            self.stats.lane_stalls += 1;
+            return Err(SendError::WouldBlock(Blocked::Lane));
+        }
+        let seq = h.seq;
+        if kind == DataKind::Data {
+            h.credit -= 1;
+            h.seq += 1;
+        }
+        Ok((lane, wire, seq))
+    }
+
+    fn after_data(&mut self, now: Instant, lane: LaneId, payload_len: usize) {
+        self.stats.payload_bytes_sent += payload_len as u64;
+        self.update_ready(lane, now);
+    }
+}

@@ -1,0 +1,94 @@
+//! Per-stream bookkeeping for each side.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use velo_wire::StreamId;
+
+use crate::state::State;
+use crate::{LaneId, StreamEnd};
+
+/// One stream of a mux.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    pub(crate) state: State,
+    pub(crate) lane: LaneId,
+    /// The stream's id on the wire (the worker's slot and generation).
+    pub(crate) wire: StreamId,
+    pub(crate) half: Half,
+}
+
+/// The side-specific half of a stream.
+#[derive(Debug)]
+pub(crate) enum Half {
+    Send(SendHalf),
+    Recv(RecvHalf),
+}
+
+/// Worker side: sending items under credit.
+#[derive(Debug)]
+pub(crate) struct SendHalf {
+    /// DATA records that may still be sent before a grant. The terminal record needs none.
+    pub(crate) credit: u32,
+    /// The peer's window: credit never exceeds it.
+    pub(crate) window: u32,
+    /// Sequence number of the next DATA record.
+    pub(crate) seq: u32,
+    /// A send was refused for credit: report `Writable` when credit comes back.
+    pub(crate) blocked: bool,
+    /// Why the stream ended, once it has.
+    pub(crate) end: Option<StreamEnd>,
+}
+
+/// Frontend side: received items waiting for the application, and credit accounting.
+///
+/// Invariant (checked by the property tests): `available + queued_data + unreturned ==
+/// window` while the stream is live, so the worker can never have more than `window` DATA
+/// records in flight or queued here.
+#[derive(Debug)]
+pub(crate) struct RecvHalf {
+    /// Items not yet read; the `bool` says whether the item used credit (DATA) or not (the
+    /// last item carried by FINAL).
+    pub(crate) queue: VecDeque<(Bytes, bool)>,
+    /// The end, delivered after the queue drains.
+    pub(crate) end: Option<StreamEnd>,
+    /// The end was handed to the application.
+    pub(crate) end_delivered: bool,
+    /// Expected seq of the next DATA or FINAL.
+    pub(crate) seq: u32,
+    /// DATA the worker may still send before the next grant.
+    pub(crate) available: u32,
+    /// Items read by the application whose credit has not been returned yet.
+    pub(crate) unreturned: u32,
+    /// Our window for this stream.
+    pub(crate) window: u32,
+    /// A `Readable` event is outstanding (not repeated until the queue is drained).
+    pub(crate) readable_signalled: bool,
+    /// The stream is in its lane's list of streams with unreturned credit.
+    pub(crate) in_grant_list: bool,
+    /// STOP was sent.
+    pub(crate) stop_sent: bool,
+}
+
+impl RecvHalf {
+    pub(crate) fn new(window: u32) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            end: None,
+            end_delivered: false,
+            seq: 0,
+            available: window,
+            unreturned: 0,
+            window,
+            readable_signalled: false,
+            in_grant_list: false,
+            stop_sent: false,
+        }
+    }
+
+    /// Items queued that used credit.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn queued_data(&self) -> u32 {
+        u32::try_from(self.queue.iter().filter(|(_, credit)| *credit).count()).unwrap_or(u32::MAX)
+    }
+}

@@ -1,0 +1,1 @@
+//! Velo response plane transport over UCX active messages

@@ -1,0 +1,52 @@
+//! Fuzz entry points, shared by `fuzz/` (cargo-fuzz) and the corpus replay tests.
+
+use bytes::BytesMut;
+
+use crate::{Batch, Frame, FrameDecoder, Record};
+
+/// Largest frame body accepted by the fuzz decoder: small, so inputs exercise the limit.
+pub const FUZZ_MAX_FRAME_LEN: u32 = 64 * 1024;
+
+/// Decodes `data` as a stream of frames and checks the codec's promises:
+/// decoding never panics, and every frame that decodes (records included) re-encodes to
+/// exactly the bytes it was decoded from.
+///
+/// Returns how many frames decoded before the input ended or turned out corrupt.
+///
+/// # Panics
+///
+/// When a promise is broken; that is the bug the fuzzer looks for.
+pub fn decode_roundtrip(data: &[u8]) -> usize {
+    let mut src = BytesMut::from(data);
+    let mut decoder = FrameDecoder::new(FUZZ_MAX_FRAME_LEN);
+    let mut offset = 0;
+    let mut frames = 0;
+    loop {
+        let before = src.len();
+        let Ok(Some(frame)) = decoder.decode(&mut src) else {
+            return frames;
+        };
+        let consumed = before - src.len();
+        let original = &data[offset..offset + consumed];
+        offset += consumed;
+        let canonical = match &frame {
+            Frame::Batch(batch) => {
+                let records: Result<Vec<Record>, _> = batch.records().collect();
+                let Ok(records) = records else { return frames };
+                let mut out = Vec::new();
+                Frame::Batch(Batch::from_records(&records)).encode(&mut out);
+                out
+            }
+            other => {
+                let mut out = Vec::new();
+                other.encode(&mut out);
+                out
+            }
+        };
+        assert_eq!(
+            canonical, original,
+            "frame {frames} does not re-encode canonically: {frame:?}"
+        );
+        frames += 1;
+    }
+}

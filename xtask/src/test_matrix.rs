@@ -1,0 +1,207 @@
+//! `test-matrix`: `cargo test -p <crate>` over a table of feature sets per crate, the idea of
+//! `cargo hack --feature-powerset` without the dependency.
+//!
+//! Rows naming a feature a crate does not declare yet are skipped with a note, so the table
+//! can list features before they land.
+
+use std::collections::BTreeSet;
+
+use crate::Result;
+use crate::cmd::Cmd;
+use crate::metadata::{self, Package};
+use crate::ucx;
+
+/// The feature sets each crate is tested with.
+const MATRIX: &[Row] = &[
+    Row::new("velo-wire", Features::Default),
+    Row::new("velo-mux", Features::Default),
+    Row::new("velo-mux", Features::Add("test-util")),
+    Row::new("velo-session", Features::Default),
+    Row::new("velo-tcp", Features::Default),
+    Row::new("velo-ucx", Features::NoDefault),
+    Row::ucx("velo-ucx", Features::Add("ucx")),
+    Row::new("response-plane", Features::NoDefault),
+    Row::new("response-plane", Features::Default),
+    Row::ucx("response-plane", Features::Add("ucx")),
+    Row::new("runtime-glue", Features::NoDefault),
+    Row::new("runtime-glue", Features::Default),
+    Row::ucx("runtime-glue", Features::All),
+    Row::new("velo-bench", Features::Default),
+    Row::new("xtask", Features::Default),
+];
+
+/// What a row runs on top of the crate itself.
+#[derive(Debug, Clone, Copy)]
+enum Needs {
+    Nothing,
+    /// The UCX library, since the row builds the UCX bindings.
+    Ucx,
+}
+
+/// A feature selection, as `cargo test` flags.
+#[derive(Debug, Clone, Copy)]
+enum Features {
+    Default,
+    NoDefault,
+    /// The default features plus one more.
+    Add(&'static str),
+    All,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    krate: &'static str,
+    features: Features,
+    needs: Needs,
+}
+
+impl Row {
+    const fn new(krate: &'static str, features: Features) -> Self {
+        Self {
+            krate,
+            features,
+            needs: Needs::Nothing,
+        }
+    }
+
+    const fn ucx(krate: &'static str, features: Features) -> Self {
+        Self {
+            krate,
+            features,
+            needs: Needs::Ucx,
+        }
+    }
+}
+
+impl Features {
+    fn args(self) -> Vec<String> {
+        match self {
+            Self::Default => Vec::new(),
+            Self::NoDefault => vec!["--no-default-features".into()],
+            Self::Add(feature) => vec!["--features".into(), feature.into()],
+            Self::All => vec!["--all-features".into()],
+        }
+    }
+
+    /// The features this selection turns on for `pkg` directly (before features enable
+    /// others), or why the row cannot run yet.
+    fn resolve(self, pkg: &Package) -> std::result::Result<BTreeSet<String>, String> {
+        let defaults = || pkg.features.get("default").cloned().unwrap_or_default();
+        match self {
+            Self::NoDefault => Ok(BTreeSet::new()),
+            Self::Default => Ok(defaults().into_iter().collect()),
+            Self::All => Ok(pkg
+                .features
+                .keys()
+                .filter(|f| *f != "default")
+                .cloned()
+                .collect()),
+            Self::Add(feature) if pkg.has_feature(feature) => {
+                Ok(defaults().into_iter().chain([feature.to_owned()]).collect())
+            }
+            Self::Add(feature) => Err(format!("{} declares no feature `{feature}` yet", pkg.name)),
+        }
+    }
+}
+
+pub(crate) fn run() -> Result {
+    let ws = metadata::workspace()?;
+    let needs_ucx = MATRIX.iter().any(|r| matches!(r.needs, Needs::Ucx));
+    let ucx_rows = needs_ucx
+        && ucx::gate(&format!(
+            "skipping ucx rows: UCX not found ({})",
+            ucx::INSTALL_HINT
+        ))?;
+    let mut done: Vec<(&str, BTreeSet<String>)> = Vec::new();
+    let mut skipped = 0;
+    for row in MATRIX {
+        let label = format!("{} {}", row.krate, row.features.args().join(" "));
+        let label = label.trim_end();
+        if matches!(row.needs, Needs::Ucx) && !ucx_rows {
+            skipped += 1;
+            continue;
+        }
+        let Some(pkg) = ws.member(row.krate) else {
+            println!(
+                "test-matrix: skipping `{label}`: {} is not a workspace crate",
+                row.krate
+            );
+            skipped += 1;
+            continue;
+        };
+        let features = match row.features.resolve(pkg) {
+            Ok(features) => features,
+            Err(why) => {
+                println!("test-matrix: skipping `{label}`: {why}");
+                skipped += 1;
+                continue;
+            }
+        };
+        if done.iter().any(|(k, f)| *k == row.krate && *f == features) {
+            println!("test-matrix: skipping `{label}`: same features as an earlier row");
+            skipped += 1;
+            continue;
+        }
+        Cmd::cargo()
+            .args(["test", "-p", row.krate])
+            .args(row.features.args())
+            .run()
+            .map_err(|e| format!("test-matrix: row `{label}` failed: {e}"))?;
+        done.push((row.krate, features));
+    }
+    println!(
+        "test-matrix: ok ({} rows run, {skipped} skipped)",
+        done.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn package(features: &[(&str, &[&str])]) -> Package {
+        let features: BTreeMap<String, Vec<String>> = features
+            .iter()
+            .map(|(f, on)| ((*f).to_owned(), on.iter().map(|&s| s.to_owned()).collect()))
+            .collect();
+        Package {
+            name: "p".into(),
+            features,
+            benches: Vec::new(),
+            deps: Vec::new(),
+        }
+    }
+
+    fn check(pkg: &Package, features: Features, expect: std::result::Result<&[&str], &str>) {
+        let got = features.resolve(pkg);
+        match (&got, expect) {
+            (Ok(got), Ok(want)) => assert!(got.iter().eq(want), "{features:?}: {got:?}"),
+            (Err(got), Err(want)) => assert_eq!(got, want),
+            _ => panic!("{features:?} resolved to {got:?}, expected {expect:?}"),
+        }
+    }
+
+    #[test]
+    fn feature_sets_resolve_against_declared_features() {
+        let pkg = package(&[("default", &["tcp"]), ("tcp", &[]), ("ucx", &[])]);
+        check(&pkg, Features::NoDefault, Ok(&[]));
+        check(&pkg, Features::Default, Ok(&["tcp"]));
+        check(&pkg, Features::Add("ucx"), Ok(&["tcp", "ucx"]));
+        check(&pkg, Features::All, Ok(&["tcp", "ucx"]));
+        check(
+            &pkg,
+            Features::Add("test-util"),
+            Err("p declares no feature `test-util` yet"),
+        );
+    }
+
+    #[test]
+    fn a_crate_without_features_resolves_every_row_to_the_empty_set() {
+        let pkg = package(&[]);
+        check(&pkg, Features::Default, Ok(&[]));
+        check(&pkg, Features::All, Ok(&[]));
+    }
+}
