@@ -131,6 +131,22 @@ impl MuxConfig {
         self.idle_timeout
     }
 
+    /// The same configuration with another lane count (a frontend adopts each worker's).
+    ///
+    /// # Panics
+    ///
+    /// If `lanes` is not `1..=64` (a HELLO never carries such a count: the codec rejects it).
+    pub fn with_lanes(&self, lanes: u16) -> Self {
+        assert!(
+            (1..=velo_wire::MAX_LANES).contains(&lanes),
+            "lane count {lanes} out of range"
+        );
+        Self {
+            lanes,
+            ..self.clone()
+        }
+    }
+
     /// The HELLO this side sends on lane `lane_index`.
     pub fn hello(
         &self,

@@ -1,0 +1,108 @@
+//! Errors of the session layer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use velo_mux::handshake::HandshakeError;
+use velo_mux::{OpenError, StreamEnd};
+use velo_wire::{CloseCode, WireError};
+
+/// Why a worker could not prepare its connection to a frontend. Not cached: the next request
+/// tries again (after a backoff, see [`ConnectError::BackingOff`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// I/O: the frontend could not be reached.
+    #[error("cannot reach frontend at {addr}: {source}")]
+    Io {
+        /// Where.
+        addr: String,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The frontend did not complete the handshake in time.
+    #[error("handshake with {addr} timed out after {timeout:?}")]
+    Timeout {
+        /// Where.
+        addr: String,
+        /// The bound.
+        timeout: Duration,
+    },
+    /// The frontend refused the lane with a CLOSE frame (version or identity mismatch, limit,
+    /// shutting down).
+    #[error("frontend at {addr} refused the connection ({code}): {reason}")]
+    Refused {
+        /// Where.
+        addr: String,
+        /// The frontend's close code.
+        code: CloseCode,
+        /// The frontend's reason.
+        reason: String,
+    },
+    /// The frontend's HELLO is valid but not acceptable (for example another instance: the
+    /// frontend restarted).
+    #[error("handshake with {addr} failed: {source}")]
+    Handshake {
+        /// Where.
+        addr: String,
+        /// What was wrong.
+        #[source]
+        source: HandshakeError,
+    },
+    /// The frontend sent bytes that are not a valid handshake.
+    #[error("frontend at {addr} sent an invalid handshake: {source}")]
+    Wire {
+        /// Where.
+        addr: String,
+        /// What was wrong.
+        #[source]
+        source: WireError,
+    },
+    /// A transport-specific failure (for example a UCX status).
+    #[error("transport error with {addr}: {reason}")]
+    Transport {
+        /// Where.
+        addr: String,
+        /// The transport's description.
+        reason: String,
+    },
+    /// A recent preparation failed; this request fails fast instead of dialing again.
+    #[error("connection to {addr} failed {ago:?} ago, next attempt in {retry_in:?}: {last}")]
+    BackingOff {
+        /// Where.
+        addr: String,
+        /// Time since the failure.
+        ago: Duration,
+        /// Time until the next attempt is allowed.
+        retry_in: Duration,
+        /// The failure.
+        last: Box<Self>,
+    },
+    /// The endpoint is shutting down.
+    #[error("the endpoint is shutting down")]
+    ShuttingDown,
+}
+
+/// Why a stream operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// The stream has ended (finished, cancelled by the peer, lane lost, ...).
+    #[error("stream closed: {0}")]
+    Closed(StreamEnd),
+    /// The stream could not be opened.
+    #[error("cannot open stream: {0}")]
+    Open(#[from] OpenError),
+    /// Caller's fault: the item is larger than the peer accepts.
+    #[error("item of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// Item length.
+        len: usize,
+        /// Largest allowed.
+        max: u32,
+    },
+    /// The connection is gone (every lane closed).
+    #[error("connection to the peer is closed")]
+    Disconnected,
+}

@@ -1,0 +1,300 @@
+//! The frontend's endpoint: connections from workers, attached lane by lane as transports
+//! complete handshakes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio_util::task::TaskTracker;
+use velo_mux::handshake::{Expect, HandshakeError};
+
+use velo_mux::{LaneId, LaneState, Mux, MuxConfig, MuxStats, Side};
+use velo_wire::{CloseCode, Hello, InstanceId, Role};
+
+use crate::{Acceptor, LaneIo, Peer, clock};
+
+/// Settings of a [`FrontendEndpoint`].
+#[derive(Debug, Clone)]
+pub struct FrontendSettings {
+    /// The mux configuration (frontend side): window, limits, flush policy for grants. Its
+    /// lane count is ignored: each worker chooses its own (up to 64).
+    pub mux: MuxConfig,
+    /// Receive buffer of each lane's reader, in bytes.
+    pub read_buffer: usize,
+}
+
+/// Why a handshaken lane could not join a connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The HELLO is not acceptable.
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    /// The worker's lanes disagree on the lane count.
+    #[error("lane {index} announces {count} lanes, but the connection has {expected}")]
+    LaneCount {
+        /// The lane's index.
+        index: u16,
+        /// Its announced count.
+        count: u16,
+        /// The connection's count.
+        expected: u16,
+    },
+    /// That lane of the connection is already connected (or was, and died).
+    #[error("lane {0} of this connection is already in use")]
+    LaneInUse(u16),
+    /// The endpoint is shutting down and takes no new lanes.
+    #[error("the frontend is shutting down")]
+    ShuttingDown,
+}
+
+impl AttachError {
+    /// The close code telling the worker about this error.
+    pub fn close_code(&self) -> CloseCode {
+        match self {
+            Self::Handshake(e) => e.close_code(),
+            Self::LaneCount { .. } | Self::LaneInUse(_) => CloseCode::BAD_HANDSHAKE,
+            Self::ShuttingDown => CloseCode::SHUTTING_DOWN,
+        }
+    }
+}
+
+/// A frontend's side of the response plane: accepts connections from workers and hands every
+/// stream they open to an [`Acceptor`].
+#[derive(Clone)]
+pub struct FrontendEndpoint {
+    inner: Arc<FrontendInner>,
+}
+
+struct FrontendInner {
+    settings: FrontendSettings,
+    instance: InstanceId,
+    acceptor: Arc<dyn Acceptor>,
+    peers: Mutex<HashMap<InstanceId, Peer>>,
+    tracker: TaskTracker,
+    closing: AtomicBool,
+    /// Cancelled by `abort`: every lane stops at once.
+    abort: tokio_util::sync::CancellationToken,
+}
+
+impl FrontendEndpoint {
+    /// A frontend endpoint with instance id `instance`; lane tasks are spawned on `tracker`.
+    ///
+    /// # Panics
+    ///
+    /// If `settings.mux` is not a frontend-side configuration.
+    pub fn new(
+        settings: FrontendSettings,
+        instance: InstanceId,
+        acceptor: Arc<dyn Acceptor>,
+        tracker: TaskTracker,
+    ) -> Self {
+        assert_eq!(
+            settings.mux.side(),
+            Side::Frontend,
+            "a frontend endpoint needs a frontend mux config"
+        );
+        Self {
+            inner: Arc::new(FrontendInner {
+                settings,
+                instance,
+                acceptor,
+                peers: Mutex::new(HashMap::new()),
+                tracker,
+                closing: AtomicBool::new(false),
+                abort: tokio_util::sync::CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// This frontend's instance id (part of every stream address it hands out).
+    pub fn instance(&self) -> InstanceId {
+        self.inner.instance
+    }
+
+    /// Checks a worker's HELLO (identity, role, lane numbering against its connection so far)
+    /// and returns this side's answer.
+    ///
+    /// # Errors
+    ///
+    /// The [`AttachError`] to send back in a CLOSE frame.
+    pub fn answer(&self, worker: &Hello) -> Result<Hello, AttachError> {
+        Expect {
+            role: Role::Worker,
+            local_instance: self.inner.instance,
+            peer_instance: None,
+            lane: None,
+        }
+        .check(worker)?;
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(AttachError::ShuttingDown);
+        }
+        let existing = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&worker.instance_id)
+            .cloned();
+        if let Some(peer) = existing.filter(|p| !p.inner.done.is_cancelled()) {
+            let lanes = peer.lock().mux.config().lanes();
+            if worker.lane_count != lanes {
+                return Err(AttachError::LaneCount {
+                    index: worker.lane_index,
+                    count: worker.lane_count,
+                    expected: lanes,
+                });
+            }
+            if peer.lane_state(LaneId(worker.lane_index)) != LaneState::Down {
+                return Err(AttachError::LaneInUse(worker.lane_index));
+            }
+        }
+        let mut reply = self.inner.settings.mux.hello(
+            worker.lane_index,
+            self.inner.instance,
+            worker.instance_id,
+        );
+        reply.lane_count = worker.lane_count;
+        Ok(reply)
+    }
+
+    /// Adds a handshaken lane (after [`answer`](Self::answer) was sent) to the worker's
+    /// connection, creating the connection on its first lane, and starts the lane's tasks.
+    ///
+    /// # Errors
+    ///
+    /// [`AttachError`]: the transport should send a CLOSE with its code and close the lane.
+    pub fn attach_lane(&self, worker: &Hello, io: LaneIo) -> Result<(), AttachError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(AttachError::ShuttingDown);
+        }
+        let peer = {
+            let mut peers = self
+                .inner
+                .peers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            peers.retain(|_, p| !p.inner.done.is_cancelled());
+            let peer = peers.entry(worker.instance_id).or_insert_with(|| {
+                let mux_config = self.inner.settings.mux.with_lanes(worker.lane_count);
+                let mux = Mux::new(mux_config, clock::now());
+                Peer::new(
+                    mux,
+                    worker.instance_id,
+                    Some(self.inner.acceptor.clone()),
+                    &self.inner.abort,
+                )
+            });
+            peer.clone()
+        };
+        let lanes = peer.lock().mux.config().lanes();
+        if worker.lane_count != lanes {
+            return Err(AttachError::LaneCount {
+                index: worker.lane_index,
+                count: worker.lane_count,
+                expected: lanes,
+            });
+        }
+        let lane = LaneId(worker.lane_index);
+        if peer.lane_state(lane) != LaneState::Down {
+            return Err(AttachError::LaneInUse(worker.lane_index));
+        }
+        peer.start_lane(
+            lane,
+            worker,
+            io,
+            &self.inner.tracker,
+            self.inner.settings.read_buffer,
+        );
+        Ok(())
+    }
+
+    /// Connections currently attached.
+    pub fn peers(&self) -> Vec<Peer> {
+        let peers = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        peers
+            .values()
+            .filter(|p| !p.inner.done.is_cancelled())
+            .cloned()
+            .collect()
+    }
+
+    /// The sum of every connection's counters.
+    pub fn stats(&self) -> MuxStats {
+        let mut total = MuxStats::default();
+        for p in self.peers() {
+            add_stats(&mut total, &p.stats());
+        }
+        total
+    }
+
+    /// Tells every worker this frontend takes no new streams (GOAWAY); open ones finish.
+    pub fn go_away(&self) {
+        for p in self.peers() {
+            p.go_away(0);
+        }
+    }
+
+    /// Stops every lane at once, abandoning writes in progress.
+    pub fn abort(&self) {
+        self.close();
+        self.inner.abort.cancel();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closing(&self) -> bool {
+        self.inner.closing.load(Ordering::Acquire)
+    }
+
+    /// Refuses new lanes and closes every lane (open streams end as lost). The lane tasks end
+    /// on their own; wait for them on the tracker.
+    pub fn close(&self) {
+        self.inner.closing.store(true, Ordering::Release);
+        for p in self.peers() {
+            p.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
+        }
+    }
+}
+
+/// Adds `b`'s counters to `a`.
+pub fn add_stats(a: &mut MuxStats, b: &MuxStats) {
+    macro_rules! add {
+        ($($f:ident),*) => { $(a.$f += b.$f;)* };
+    }
+    add!(
+        records_sent,
+        records_received,
+        payload_bytes_sent,
+        payload_bytes_received,
+        bytes_sent,
+        bytes_received,
+        batches_sent,
+        batches_received,
+        flush_control,
+        flush_hint,
+        flush_size,
+        flush_deadline,
+        flush_greedy,
+        credit_stalls,
+        lane_stalls,
+        grants_sent,
+        heartbeats_sent,
+        stale_drops,
+        streams_opened,
+        streams_finished,
+        streams_errored,
+        streams_cancelled,
+        streams_lost,
+        streams_violated,
+        streams_refused,
+        lanes_up,
+        lanes_closed
+    );
+    for (x, y) in a.batch_records.iter_mut().zip(b.batch_records.iter()) {
+        *x += y;
+    }
+}

@@ -1,0 +1,175 @@
+//! The frontend's handle on one response stream.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use velo_mux::{StreamEnd, StreamKey};
+use velo_wire::{CancelCode, Token};
+
+use crate::peer::{Peer, WakeOn};
+
+/// A response stream as the frontend reads it.
+///
+/// Items come in order. A clean end (the worker's FINAL) ends the sequence; any other end
+/// (worker error, lane lost, cancellation) is reported once as `Err`. Dropping the handle
+/// cancels the stream (the worker sees a CANCEL).
+///
+/// Each wake moves every queued item into the handle at once, returning their credit to the
+/// worker: a stream therefore holds at most two credit windows (one here, one in the mux).
+#[derive(Debug)]
+pub struct RecvStream {
+    peer: Peer,
+    key: StreamKey,
+    items: VecDeque<Bytes>,
+    end: Option<StreamEnd>,
+    reported: bool,
+}
+
+impl RecvStream {
+    pub(crate) fn new(peer: Peer, key: StreamKey) -> Self {
+        Self {
+            peer,
+            key,
+            items: VecDeque::new(),
+            end: None,
+            reported: false,
+        }
+    }
+
+    /// The next item: `Some(Ok(item))`, `Some(Err(end))` once for an abnormal end, `None`
+    /// after a clean end (and after the abnormal end was reported).
+    pub async fn recv(&mut self) -> Option<Result<Bytes, StreamEnd>> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// Polls for the next item; see [`recv`](Self::recv).
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, StreamEnd>>> {
+        if let Some(item) = self.items.pop_front() {
+            return Poll::Ready(Some(Ok(item)));
+        }
+        if self.end.is_none() {
+            let key = self.key;
+            let items = &mut self.items;
+            let end = self.peer.with(|st, now| {
+                let end = st.mux.recv_all(now, key, items);
+                if items.is_empty() && matches!(end, Some(None)) {
+                    Peer::register(st, key, WakeOn::Recv, cx.waker());
+                }
+                end
+            });
+            match end {
+                // The stream is gone from the mux: it was released, which only `Drop` does.
+                None => self.end = Some(StreamEnd::Cancelled(CancelCode::CANCELLED)),
+                Some(Some(end)) => self.end = Some(end),
+                Some(None) => {}
+            }
+            if let Some(item) = self.items.pop_front() {
+                return Poll::Ready(Some(Ok(item)));
+            }
+        }
+        match &self.end {
+            None => Poll::Pending,
+            Some(_) if self.reported => Poll::Ready(None),
+            Some(StreamEnd::Finished) => {
+                self.reported = true;
+                Poll::Ready(None)
+            }
+            Some(end) => {
+                self.reported = true;
+                Poll::Ready(Some(Err(end.clone())))
+            }
+        }
+    }
+
+    /// How the stream ended, once its end has been read.
+    pub fn end(&self) -> Option<&StreamEnd> {
+        self.end.as_ref().filter(|_| self.reported)
+    }
+
+    /// Asks the worker to finish soon; items keep coming until the end.
+    pub fn stop(&self) {
+        let key = self.key;
+        self.peer.with(|st, now| st.mux.stop(now, key));
+    }
+
+    /// Ends the stream now; the worker sees a CANCEL with `code`.
+    pub fn cancel(&mut self, code: u32) {
+        let key = self.key;
+        self.peer.with(|st, now| st.mux.cancel(now, key, code));
+    }
+
+    /// The connection this stream belongs to.
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+}
+
+impl Drop for RecvStream {
+    fn drop(&mut self) {
+        let key = self.key;
+        self.peer.with(|st, now| {
+            st.mux.release(now, key);
+            Peer::forget(st, key);
+        });
+    }
+}
+
+/// A stream a worker just opened, waiting for the frontend to take or refuse it.
+#[derive(Debug)]
+pub struct IncomingStream {
+    stream: Option<RecvStream>,
+    ticket: u64,
+    token: Token,
+    prologue: Bytes,
+}
+
+impl IncomingStream {
+    pub(crate) fn new(stream: RecvStream, ticket: u64, token: Token, prologue: Bytes) -> Self {
+        Self {
+            stream: Some(stream),
+            ticket,
+            token,
+            prologue,
+        }
+    }
+
+    /// The registration key from the stream's address.
+    pub fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    /// The secret from the stream's address.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The prologue (JSON bytes).
+    pub fn prologue(&self) -> &Bytes {
+        &self.prologue
+    }
+
+    /// Takes the stream.
+    pub fn accept(mut self) -> RecvStream {
+        self.stream
+            .take()
+            .expect("an incoming stream is taken once")
+    }
+
+    /// Refuses the stream; the worker sees a CANCEL with `code`
+    /// (typically [`CancelCode::REFUSED`]).
+    pub fn refuse(mut self, code: u32) {
+        if let Some(mut s) = self.stream.take() {
+            s.cancel(code);
+        }
+    }
+}
+
+impl Drop for IncomingStream {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.stream.take() {
+            s.cancel(CancelCode::REFUSED);
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The worker's handle on one response stream.
+
+use std::future::poll_fn;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use velo_mux::{Blocked, SendError, StreamEnd, StreamKey};
+
+use crate::StreamError;
+use crate::peer::{Peer, WakeOn};
+
+/// A response stream opened by a worker: items go out in order, under the frontend's credit.
+///
+/// Dropping it without [`finish`](Self::finish) or [`reset`](Self::reset) ends the stream
+/// abnormally for the frontend (an ERROR record with [`velo_mux::RESET_DROPPED`]).
+#[derive(Debug)]
+pub struct SendStream {
+    peer: Peer,
+    key: StreamKey,
+    released: bool,
+}
+
+impl SendStream {
+    pub(crate) fn new(peer: Peer, key: StreamKey) -> Self {
+        Self {
+            peer,
+            key,
+            released: false,
+        }
+    }
+
+    /// Sends one item, waiting while the stream has no credit or the lane's buffer is full.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError::Closed`] once the stream has ended (cancelled by the frontend, lane
+    /// lost); [`StreamError::TooLarge`] for an item above the frame limit.
+    pub async fn send(&mut self, item: &[u8]) -> Result<(), StreamError> {
+        poll_fn(|cx| self.poll_send(cx, item)).await
+    }
+
+    /// Sends one item given as [`Bytes`]; large items are written without a copy.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
+    pub async fn send_bytes(&mut self, item: Bytes) -> Result<(), StreamError> {
+        poll_fn(|cx| self.poll_with(cx, |st, now, key| st.mux.send_bytes(now, key, item.clone())))
+            .await
+    }
+
+    /// Sends one item if credit and buffer space allow it now, without waiting.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send); `Ok(false)` means "would wait".
+    pub fn try_send(&mut self, item: &[u8]) -> Result<bool, StreamError> {
+        let key = self.key;
+        match self.peer.with(|st, now| st.mux.send(now, key, item)) {
+            Ok(()) => Ok(true),
+            Err(SendError::WouldBlock(_)) => Ok(false),
+            Err(e) => Err(map_send_error(e)),
+        }
+    }
+
+    /// Polls sending `item`: `Ready(Ok)` once queued.
+    pub fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        item: &[u8],
+    ) -> Poll<Result<(), StreamError>> {
+        self.poll_with(cx, |st, now, key| st.mux.send(now, key, item))
+    }
+
+    /// Ends the stream cleanly with `last` as its final item (or empty). Never waits for
+    /// credit: the terminal record has its own.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError::Closed`] if the stream had already ended.
+    pub async fn finish(mut self, last: Bytes) -> Result<(), StreamError> {
+        let r =
+            poll_fn(|cx| self.poll_with(cx, |st, now, key| st.mux.finish(now, key, last.clone())))
+                .await;
+        self.release();
+        r
+    }
+
+    /// Ends the stream abnormally with an application error code and message.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError::Closed`] if the stream had already ended.
+    pub fn reset(mut self, code: u32, message: &str) -> Result<(), StreamError> {
+        let key = self.key;
+        let r = self
+            .peer
+            .with(|st, now| st.mux.reset(now, key, code, message))
+            .map_err(map_send_error);
+        self.release();
+        r
+    }
+
+    /// Resolves when the frontend asks the stream to stop (graceful), or the stream ends.
+    pub async fn stopped(&self) {
+        poll_fn(|cx| {
+            let key = self.key;
+            self.peer.with(|st, _| {
+                let live = st.mux.stream_state(key).is_some_and(|s| s.is_live());
+                if st.mux.is_stop_requested(key) || !live {
+                    return Poll::Ready(());
+                }
+                Peer::register(st, key, WakeOn::Stop, cx.waker());
+                Poll::Pending
+            })
+        })
+        .await;
+    }
+
+    /// Resolves when the stream was ended by the frontend (cancel, refusal) or by its lane,
+    /// with the reason. Never resolves for a stream this side finishes.
+    pub async fn closed(&self) -> StreamEnd {
+        poll_fn(|cx| {
+            let key = self.key;
+            self.peer.with(|st, _| match st.mux.send_end(key) {
+                Some(
+                    end @ (StreamEnd::Cancelled(_) | StreamEnd::Lost(_) | StreamEnd::Violation(_)),
+                ) => Poll::Ready(end),
+                _ => {
+                    Peer::register(st, key, WakeOn::Closed, cx.waker());
+                    Poll::Pending
+                }
+            })
+        })
+        .await
+    }
+
+    /// Whether the frontend asked the stream to stop.
+    pub fn is_stop_requested(&self) -> bool {
+        let key = self.key;
+        self.peer.lock().mux.is_stop_requested(key)
+    }
+
+    /// Flushes this connection's open batches now (the once-per-forward-pass hint).
+    pub fn flush(&self) {
+        self.peer.flush();
+    }
+
+    /// The connection this stream belongs to.
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    fn poll_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: impl FnOnce(
+            &mut crate::peer::PeerState,
+            std::time::Instant,
+            StreamKey,
+        ) -> Result<(), SendError>,
+    ) -> Poll<Result<(), StreamError>> {
+        let key = self.key;
+        self.peer.with(|st, now| match op(st, now, key) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(SendError::WouldBlock(Blocked::Credit)) => {
+                Peer::register(st, key, WakeOn::Send, cx.waker());
+                Poll::Pending
+            }
+            Err(SendError::WouldBlock(Blocked::Lane)) => {
+                match st.mux.stream_lane(key) {
+                    Some(lane) => Peer::register_lane(st, lane, cx.waker()),
+                    None => return Poll::Ready(Err(StreamError::Disconnected)),
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(map_send_error(e))),
+        })
+    }
+
+    fn release(&mut self) {
+        if !self.released {
+            self.released = true;
+            let key = self.key;
+            self.peer.with(|st, now| {
+                st.mux.release(now, key);
+                Peer::forget(st, key);
+            });
+        }
+    }
+}
+
+impl Drop for SendStream {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+fn map_send_error(e: SendError) -> StreamError {
+    match e {
+        SendError::Closed(end) => StreamError::Closed(end),
+        SendError::TooLarge { len, max } => StreamError::TooLarge { len, max },
+        SendError::UnknownStream | SendError::WrongSide | SendError::WouldBlock(_) => {
+            StreamError::Disconnected
+        }
+        _ => StreamError::Disconnected,
+    }
+}

@@ -1,0 +1,54 @@
+//! TCP settings.
+
+use std::time::Duration;
+
+use velo_session::Backoff;
+
+/// Default time to establish a TCP connection: 3 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default time a new connection has to complete its handshake: 5 s. A peer that connects
+/// and says nothing holds one connection slot for at most this long.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on connections a frontend holds (lanes plus handshakes in progress).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default socket send and receive buffers: 4 MiB, set before connect or listen (Velo saw a
+/// ~100x collapse when buffers were sized after data started flowing).
+pub const DEFAULT_SOCKET_BUFFER: u32 = 4 * 1024 * 1024;
+/// Listen backlog.
+pub const DEFAULT_BACKLOG: u32 = 1024;
+
+/// Settings of the TCP transport, shared by frontends and workers.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// `SO_SNDBUF` in bytes, set before connect or listen; `None` keeps the OS default.
+    pub send_buffer: Option<u32>,
+    /// `SO_RCVBUF` in bytes, set before connect or listen; `None` keeps the OS default.
+    pub recv_buffer: Option<u32>,
+    /// Bound on establishing a TCP connection (worker).
+    pub connect_timeout: Duration,
+    /// Bound on the handshake of one lane (both sides).
+    pub handshake_timeout: Duration,
+    /// Connections a frontend holds at most; more are refused with CLOSE `limit`.
+    pub max_connections: usize,
+    /// Listen backlog (frontend).
+    pub backlog: u32,
+    /// Each lane reader's buffer, in bytes.
+    pub read_buffer: usize,
+    /// Backoff between failed preparations of one frontend (worker).
+    pub backoff: Backoff,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            send_buffer: Some(DEFAULT_SOCKET_BUFFER),
+            recv_buffer: Some(DEFAULT_SOCKET_BUFFER),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            backlog: DEFAULT_BACKLOG,
+            read_buffer: velo_session::DEFAULT_READ_BUFFER,
+            backoff: Backoff::default(),
+        }
+    }
+}
