@@ -377,7 +377,7 @@ async fn a_frontend_restarted_under_a_new_instance_id_is_prepared_again() {
         .unwrap();
     s.send(b"before").await.unwrap();
     s.flush();
-    within("accept", inbox.recv()).await.unwrap();
+    let _held = within("accept", inbox.recv()).await.unwrap().accept();
     first.abort();
     drop(first);
     // The same address, a new instance.
@@ -404,11 +404,13 @@ async fn a_frontend_restarted_under_a_new_instance_id_is_prepared_again() {
         }
     })
     .await;
-    // The old stream is gone...
+    // The old stream is gone, and so (each lane notices on its own) is the old connection...
     assert!(matches!(
         within("old stream closed", s.closed()).await,
         StreamEnd::Lost(_)
     ));
+    let old_peer = s.peer().clone();
+    within("old connection closed", old_peer.closed()).await;
     // ...an address that still names the old instance gets a clear refusal...
     let err = worker
         .endpoint()
