@@ -118,6 +118,9 @@ pub(crate) struct Tx {
     pub(crate) grant_deadline: Option<Instant>,
     pub(crate) urgent: bool,
     pub(crate) hinted: bool,
+    /// The lane's earliest deadline moved earlier (a batch opened, or a first grant was
+    /// queued): the driver must re-arm its timer.
+    pub(crate) rearm: bool,
     /// Sealed chunks waiting for the transport, and their total length.
     pub(crate) ready: VecDeque<Bytes>,
     pub(crate) ready_bytes: usize,
@@ -138,6 +141,7 @@ impl Tx {
             grant_deadline: None,
             urgent: false,
             hinted: false,
+            rearm: false,
             ready: VecDeque::new(),
             ready_bytes: 0,
             last_tx: now,
@@ -233,6 +237,15 @@ impl Tx {
         match policy.decide(&self.pending(), now) {
             crate::flush::Flush::Now(reason) => Some(reason),
             _ => None,
+        }
+    }
+
+    /// Notes when the open batch's oldest record arrived; the first one moves the lane's
+    /// deadline earlier.
+    pub(crate) fn touch(&mut self, now: Instant) {
+        if self.oldest.is_none() {
+            self.oldest = Some(now);
+            self.rearm = true;
         }
     }
 

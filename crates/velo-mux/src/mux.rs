@@ -244,7 +244,15 @@ impl Mux {
         self.events.pop_front()
     }
 
-    /// Lanes that have something to transmit now and whose writer has not been told yet.
+    /// The lanes [`poll_ready_lanes`](Self::poll_ready_lanes) would return, without taking
+    /// them.
+    pub fn ready_lanes(&self) -> LaneSet {
+        LaneSet(self.ready_lanes)
+    }
+
+    /// Lanes whose writer should run and has not been told yet: something is due for
+    /// transmission, or the lane's earliest deadline moved earlier (a batch opened) so the
+    /// writer must re-arm its timer from [`lane_timeout`](Self::lane_timeout).
     pub fn poll_ready_lanes(&mut self) -> LaneSet {
         LaneSet(std::mem::take(&mut self.ready_lanes))
     }
@@ -405,7 +413,7 @@ impl Mux {
         }
         encode(&mut tx.out);
         tx.records += 1;
-        tx.oldest.get_or_insert(now);
+        tx.touch(now);
         self.stats.records_sent += 1;
     }
 
@@ -457,10 +465,11 @@ impl Mux {
         let i = usize::from(lane.0);
         let cap = self.batch_cap(i);
         let l = &mut self.lanes[i];
+        let rearm = std::mem::take(&mut l.tx.rearm);
         if l.signalled || l.state == LaneState::Down {
             return;
         }
-        if !l.tx.ready.is_empty() || l.tx.due(&self.config.flush, cap, now).is_some() {
+        if rearm || !l.tx.ready.is_empty() || l.tx.due(&self.config.flush, cap, now).is_some() {
             l.signalled = true;
             self.ready_lanes |= 1 << lane.0;
         }

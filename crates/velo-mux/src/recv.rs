@@ -129,7 +129,8 @@ impl Mux {
     }
 
     /// Returns credit for `n` consumed items; a CREDIT record goes out once half the window
-    /// is unreturned, and smaller amounts ride on the next batch that is sealed anyway.
+    /// is unreturned (at once if the worker is nearly out of credit, else within the grant
+    /// delay), and smaller amounts ride on the next batch that is sealed anyway.
     fn consumed(&mut self, now: Instant, key: StreamKey, lane: LaneId, n: u32) {
         let grant_delay = self.config.grant_delay;
         let Some(s) = self.streams.get_mut(key) else {
@@ -147,19 +148,22 @@ impl Mux {
             return;
         }
         let grant = std::mem::take(&mut r.unreturned);
+        // A worker with at most a quarter of its window left is about to stall: its grant goes
+        // out now. Otherwise grants of all streams coalesce for `grant_delay`.
+        let starving = r.available <= r.window / 4;
         r.available += grant;
-        self.push_record(
-            lane,
-            &Record::Credit {
-                stream: wire,
-                grant,
-            },
-            false,
-        );
+        let record = Record::Credit {
+            stream: wire,
+            grant,
+        };
+        self.push_record(lane, &record, starving);
         self.stats.grants_sent += 1;
-        let tx = &mut self.lanes[usize::from(lane.0)].tx;
-        let deadline = now + grant_delay;
-        tx.grant_deadline = Some(tx.grant_deadline.map_or(deadline, |d| d.min(deadline)));
+        if !starving {
+            let tx = &mut self.lanes[usize::from(lane.0)].tx;
+            let deadline = now + grant_delay;
+            tx.rearm |= tx.grant_deadline.is_none();
+            tx.grant_deadline = Some(tx.grant_deadline.map_or(deadline, |d| d.min(deadline)));
+        }
         self.update_ready(lane, now);
     }
 

@@ -191,7 +191,7 @@ impl Mux {
         };
         self.push_record(lane, &record, false);
         let tx = &mut self.lanes[usize::from(lane.0)].tx;
-        tx.oldest.get_or_insert(now);
+        tx.touch(now);
         self.end_stream(key, Event::Error, StreamEnd::Reset(code));
         self.update_ready(lane, now);
         Ok(())

@@ -64,6 +64,10 @@ pub struct Pair {
     start: Instant,
     /// Sides whose transmits are dropped (a peer gone silent), by `Dir` index.
     blackholed: [bool; 2],
+    /// Each lane writer's armed timer, by `Dir` index and lane, as a real driver keeps it:
+    /// a lane is polled only when signalled or when this deadline passes, so a missing
+    /// signal shows up as a stuck test.
+    armed: [Vec<Option<Instant>>; 2],
 }
 
 impl Pair {
@@ -89,6 +93,7 @@ impl Pair {
             chunks: Vec::new(),
             start,
             blackholed: [false; 2],
+            armed: [vec![None; lanes], vec![None; lanes]],
         };
         for i in 0..lanes {
             let lane = LaneId(u16::try_from(i).expect("<= 64 lanes"));
@@ -236,38 +241,18 @@ impl Pair {
         ))
     }
 
-    /// Advances the clock by `d`, running timers (flushes, heartbeats, idle timeouts) and
+    /// Advances the clock by `d`, running lane timers (flushes, heartbeats, idle timeouts) and
     /// delivering what falls due on the way.
     pub fn advance(&mut self, d: Duration) {
         let target = self.now + d;
-        let mut guard = 0;
-        while guard < DRIVE_LIMIT {
-            guard += 1;
+        for _ in 0..DRIVE_LIMIT {
             self.step_now();
-            let next = [
-                self.next_delivery(),
-                self.worker.poll_timeout(),
-                self.frontend.poll_timeout(),
-            ]
-            .into_iter()
-            .flatten()
-            .filter(|&t| t <= target)
-            .min();
-            match next {
-                Some(t) if t > self.now => self.advance_to(t),
-                Some(_) => {
-                    // Timer work due now that produced nothing to move: run it and stop if
-                    // it still has nothing to do.
-                    self.worker.handle_timeout(self.now);
-                    self.frontend.handle_timeout(self.now);
-                    if !self.step_now() {
-                        break;
-                    }
-                }
-                None => break,
+            match self.next_timer() {
+                Some(t) if t <= target && t > self.now => self.now = t,
+                _ => break,
             }
         }
-        self.advance_to(target);
+        self.now = target;
         self.step_now();
     }
 
@@ -295,22 +280,38 @@ impl Pair {
         if t > self.now {
             self.now = t;
         }
-        self.worker.handle_timeout(self.now);
-        self.frontend.handle_timeout(self.now);
-        self.collect_events();
     }
 
-    /// The next instant with work other than idle heartbeats: a delivery or a flush deadline.
+    /// The next instant with work other than idle heartbeats: a delivery, or an armed timer
+    /// of a lane that has something queued.
     fn next_work(&self) -> Option<Instant> {
-        let flushes = [&self.worker, &self.frontend].into_iter().flat_map(|m| {
-            (0..m.config().lanes()).filter_map(move |i| {
-                let lane = LaneId(i);
-                (m.lane_buffered(lane) > 0)
-                    .then(|| m.lane_timeout(lane))
-                    .flatten()
-            })
-        });
-        self.next_delivery().into_iter().chain(flushes).min()
+        let mut next = self.next_delivery();
+        for (dir, mux) in [
+            (Dir::ToFrontend, &self.worker),
+            (Dir::ToWorker, &self.frontend),
+        ] {
+            for (i, armed) in self.armed[dir as usize].iter().enumerate() {
+                let lane = LaneId(u16::try_from(i).expect("<= 64 lanes"));
+                if mux.lane_buffered(lane) > 0 {
+                    next = match (next, *armed) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        next
+    }
+
+    /// The earliest armed timer of any lane, or delivery.
+    fn next_timer(&self) -> Option<Instant> {
+        self.armed
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .chain(self.next_delivery())
+            .min()
     }
 
     fn next_delivery(&self) -> Option<Instant> {
@@ -321,22 +322,29 @@ impl Pair {
             .min()
     }
 
+    /// Runs every lane writer that a real driver would run now: signalled ones, and those
+    /// whose armed timer has passed. Each handles its lane's timers, transmits, and re-arms.
     fn transmit(&mut self, dir: Dir) -> bool {
         let mux = match dir {
             Dir::ToFrontend => &mut self.worker,
             Dir::ToWorker => &mut self.frontend,
         };
         let mut moved = false;
-        // Every lane is polled below, so the ready set only needs clearing here; the drivers'
-        // tests exercise it.
-        let _ = mux.poll_ready_lanes();
+        let ready = mux.poll_ready_lanes();
         for i in 0..mux.config().lanes() {
             let lane = LaneId(i);
+            let armed = self.armed[dir as usize][usize::from(i)];
+            let timer_fired = armed.is_none_or(|t| t <= self.now);
+            if !ready.iter().any(|l| l == lane) && !timer_fired {
+                continue;
+            }
+            mux.handle_lane_timeout(self.now, lane);
             while let Some(t) = mux.poll_transmit(self.now, lane, &mut self.chunks) {
                 let mut frame = BytesMut::with_capacity(t.bytes);
                 for c in self.chunks.drain(..) {
                     frame.extend_from_slice(&c);
                 }
+                moved = true;
                 if self.blackholed[dir as usize] {
                     continue;
                 }
@@ -346,8 +354,8 @@ impl Pair {
                     (*t).max(self.now + self.latency)
                 });
                 q.push_back((at, frame.freeze()));
-                moved = true;
             }
+            self.armed[dir as usize][usize::from(i)] = mux.lane_timeout(lane);
         }
         moved
     }

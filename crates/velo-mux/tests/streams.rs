@@ -206,7 +206,7 @@ fn greedy_policy_flushes_on_the_next_poll() {
     let t0 = pair.now;
     pair.worker.send(pair.now, s, b"a").unwrap();
     assert!(
-        !pair.worker.poll_ready_lanes().is_empty(),
+        !pair.worker.ready_lanes().is_empty(),
         "the lane is signalled at once"
     );
     assert!(pair.step_now());
@@ -222,10 +222,18 @@ fn flush_hint_flushes_immediately() {
     let (b, _) = pair.open_stream(PROLOGUE);
     pair.worker.send(pair.now, a, b"x").unwrap();
     pair.worker.send(pair.now, b, b"y").unwrap();
-    assert!(
-        pair.worker.poll_ready_lanes().is_empty(),
-        "nothing due yet under the 5 ms policy"
-    );
+    // Opening the batches only asks the writers to re-arm their timers: nothing is due yet.
+    let rearm = pair.worker.poll_ready_lanes();
+    assert!(!rearm.is_empty());
+    let mut chunks = Vec::new();
+    for lane in rearm.iter() {
+        assert!(
+            pair.worker
+                .poll_transmit(pair.now, lane, &mut chunks)
+                .is_none()
+        );
+    }
+    assert!(!pair.worker.is_flushed());
     pair.worker.flush_hint(pair.now);
     assert!(!pair.worker.poll_ready_lanes().is_empty());
     pair.step_now();
@@ -768,4 +776,80 @@ fn a_peer_close_ends_the_lane_with_its_reason() {
     assert!(pair.worker_events.iter().any(|e| matches!(e,
         MuxEvent::Closed { stream, reason: CloseReason::Lost(LaneError::PeerClosed { code: CloseCode::SHUTTING_DOWN, reason }) }
             if *stream == s && reason.contains("shutting down"))));
+}
+
+#[test]
+fn a_grant_to_a_nearly_stalled_worker_goes_out_at_once() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for _ in 0..32 {
+        pair.worker_send(s, b"x");
+    }
+    assert_eq!(
+        pair.worker.send(pair.now, s, b"x"),
+        Err(SendError::WouldBlock(Blocked::Credit))
+    );
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    // The worker has no credit left: the grant after 16 reads is urgent.
+    for _ in 0..16 {
+        pair.frontend.recv(pair.now, f);
+    }
+    assert!(
+        !pair.frontend.ready_lanes().is_empty(),
+        "flushed without waiting for the grant delay"
+    );
+    let t0 = pair.now;
+    pair.step_now();
+    assert_eq!(pair.now, t0);
+    assert!(pair.worker_events.contains(&MuxEvent::Writable(s)));
+}
+
+#[test]
+fn a_grant_to_a_worker_with_credit_to_spare_waits_for_the_grant_delay() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for _ in 0..16 {
+        pair.worker_send(s, b"x");
+    }
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    for _ in 0..16 {
+        pair.frontend.recv(pair.now, f);
+    }
+    // The writer is asked to re-arm its timer, but nothing is due before the grant delay.
+    assert!(!pair.frontend.ready_lanes().is_empty());
+    pair.step_now();
+    assert_eq!(pair.worker.send_credit(s), Some(16));
+    pair.advance(Duration::from_millis(1));
+    assert_eq!(pair.worker.send_credit(s), Some(32));
+}
+
+#[test]
+fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
+    let mut pair = Pair::new(default_configs());
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    let lane = pair.worker.stream_lane(s).unwrap();
+    let mut chunks = Vec::new();
+    let _ = pair.worker.poll_ready_lanes();
+    // The writer last armed its timer for the next heartbeat, seconds away.
+    let armed = pair.worker.lane_timeout(lane).unwrap();
+    assert!(armed - pair.now > Duration::from_secs(1));
+    pair.worker.send(pair.now, s, b"a").unwrap();
+    // The first record moved the lane's deadline to now + 5 ms: the writer is told.
+    let ready = pair.worker.poll_ready_lanes();
+    assert_eq!(ready.iter().collect::<Vec<_>>(), vec![lane]);
+    assert!(
+        pair.worker
+            .poll_transmit(pair.now, lane, &mut chunks)
+            .is_none()
+    );
+    assert_eq!(
+        pair.worker.lane_timeout(lane),
+        Some(pair.now + Duration::from_millis(5))
+    );
+    // More records in the same batch do not wake it again.
+    pair.worker.send(pair.now, s, b"b").unwrap();
+    assert!(pair.worker.poll_ready_lanes().is_empty());
 }
