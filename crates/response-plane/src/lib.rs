@@ -1,1 +1,121 @@
-//! Typed response streams for LLM serving: prologue, errors, cancellation, plane selection
+//! Typed response streams for LLM serving: the crate applications program against.
+//!
+//! A frontend [`FrontendPlane::register`]s a stream before sending a request to a worker and
+//! puts the returned [`ConnectionInfo`] in the request; the worker
+//! [`WorkerPlane::connect`]s to it, sends the prologue (its engine accepted or refused the
+//! request), then items, then finishes. The frontend's [`PendingResponse`] resolves on the
+//! prologue into a [`ResponseStream`] of typed items, with [`ResponseStream::stop`]
+//! (graceful) and [`ResponseStream::kill`]; the worker's [`StreamContext`] sees them.
+//!
+//! Two planes implement the same contract, chosen once per process by
+//! [`ResponsePlaneConfig::from_env`] (`DYN_RESPONSE_PLANE`):
+//!
+//! - `tcp`, the classic plane Dynamo ships by default: one TCP connection per stream.
+//! - `velo`: every stream between a worker process and a frontend multiplexed over a few
+//!   lanes, batched, under per-stream credit (velo-mux over velo-tcp, or velo-ucx).
+//!
+//! # Layer contract
+//!
+//! No wire, mux or session type appears in this crate's public signatures; its one error is
+//! [`ResponseError`]. It spawns tasks only on the `TaskTracker` it is given.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use futures::StreamExt;
+//! use response_plane::{FrontendPlane, RegisterOptions, ResponsePlaneConfig, WorkerPlane};
+//!
+//! let tracker = tokio_util::task::TaskTracker::new();
+//! let config = ResponsePlaneConfig::from_env()?;
+//! let frontend = FrontendPlane::bind(config.clone(), tracker.clone()).await?;
+//! let worker = WorkerPlane::new(config, tracker.clone())?;
+//!
+//! let (info, pending) = frontend.register::<String>(RegisterOptions::default())?;
+//! // ... the request carries `info` to a worker, which does:
+//! let mut sender = worker.connect::<String>(&info).await?;
+//! sender.send_prologue(Ok(())).await?;
+//! sender.send(&"hello".to_string()).await?;
+//! sender.finish().await?;
+//!
+//! let mut stream = pending.established().await?;
+//! while let Some(item) = stream.next().await {
+//!     println!("{}", item?);
+//! }
+//! # Ok(()) }
+//! ```
+
+// Built with no velo transport, only the classic plane runs and the velo adapters sit unused.
+#![cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(dead_code))]
+
+mod classic;
+mod codec;
+mod config;
+mod error;
+mod frontend;
+mod info;
+mod prologue;
+mod registry;
+mod stats;
+mod stream;
+mod velo;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use codec::Codec;
+pub use config::{
+    Batching, ConfigError, DEFAULT_BATCH_DELAY, DEFAULT_MAX_MESSAGE_SIZE, ENV_BATCH_MS, ENV_HOST,
+    ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT, ENV_TRANSPORT, MAX_BATCH_MS, Plane,
+    ResponsePlaneConfig, VeloTransport,
+};
+pub use error::{ResponseError, TypedError};
+pub use frontend::{FrontendPlane, PendingResponse, RegisterOptions};
+pub use info::ConnectionInfo;
+pub use registry::{MAX_PENDING, TOMBSTONE_TTL};
+pub use stats::{BATCH_RECORDS_BUCKETS, FLUSH_REASONS, PlaneStats};
+pub use stream::ResponseStream;
+pub use worker::{ResponseSender, StreamContext, WorkerPlane};
+
+/// Why a plane could not start. Every setup failure surfaces here, at startup.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The configured transport is not compiled into this build.
+    #[error("{0}: rebuild with that cargo feature")]
+    NotCompiled(&'static str),
+    /// The transport failed to initialise (for example UCX).
+    #[error("transport initialisation failed: {0}")]
+    Transport(String),
+    /// A setting is out of the range the transport accepts.
+    #[error("invalid setting: {0}")]
+    Setting(String),
+}
+
+/// The mux configuration for one side, from the plane's configuration.
+pub(crate) fn mux_config(
+    c: &ResponsePlaneConfig,
+    side: velo_mux::Side,
+) -> Result<velo_mux::MuxConfig, StartError> {
+    velo_mux::MuxConfig::builder(side)
+        .lanes(c.lanes)
+        .window(c.window)
+        .max_frame_len(c.max_message_size)
+        .flush(c.flush_policy())
+        .idle_timeout(c.idle_timeout)
+        .build()
+        .map_err(|e| StartError::Setting(e.to_string()))
+}

@@ -141,12 +141,20 @@ impl Mux {
                     && s.state == State::Open
                 {
                     s.state = State::Stopping;
+                    self.stats.remote_cancellations += 1;
                     self.events.push_back(MuxEvent::StopRequested(key));
                 }
                 Ok(())
             }
             (Side::Worker, Record::Cancel { stream, code }) => {
                 if let Some(key) = self.own_stream(lane, stream)? {
+                    if self
+                        .streams
+                        .get(key)
+                        .is_some_and(|s| s.state == State::Open)
+                    {
+                        self.stats.remote_cancellations += 1;
+                    }
                     self.end_stream(key, Event::Cancel, StreamEnd::Cancelled(code));
                 }
                 Ok(())

@@ -62,6 +62,9 @@ pub struct MuxStats {
     pub streams_violated: u64,
     /// Streams refused by the frontend (limit, going away, unknown ticket).
     pub streams_refused: u64,
+    /// Worker: streams the frontend asked to stop or cancelled, each counted once (the
+    /// cancellations a serving runtime reports).
+    pub remote_cancellations: u64,
     /// Lanes that came up.
     pub lanes_up: u64,
     /// Lanes that failed or closed.

@@ -291,6 +291,7 @@ pub fn add_stats(a: &mut MuxStats, b: &MuxStats) {
         streams_lost,
         streams_violated,
         streams_refused,
+        remote_cancellations,
         lanes_up,
         lanes_closed
     );

@@ -36,7 +36,7 @@ pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings, add_stats};
 pub use io::{LaneIo, LaneRead, LaneWrite};
 pub use peer::{Acceptor, Peer};
 pub use recv::{IncomingStream, RecvStream};
-pub use send::SendStream;
+pub use send::{SendStream, StreamWatch};
 pub use worker::{
     Backoff, Connector, DEFAULT_READ_BUFFER, OpenStreamError, WorkerEndpoint, WorkerSettings,
     open_on,

@@ -76,10 +76,10 @@ struct StreamWakers {
     recv: Option<Waker>,
     /// Worker: credit came back, or the stream ended.
     send: Option<Waker>,
-    /// Worker: the frontend asked to stop, or the stream ended.
-    stop: Option<Waker>,
-    /// Worker: the stream was ended by the frontend or its lane.
-    closed: Option<Waker>,
+    /// Worker: the frontend asked to stop, or the stream ended (several watchers may wait).
+    stop: Vec<Waker>,
+    /// Worker: the stream was ended by the frontend or its lane (several watchers may wait).
+    closed: Vec<Waker>,
 }
 
 /// Which waker a handle registers.
@@ -232,8 +232,17 @@ impl Peer {
         let slot = match on {
             WakeOn::Recv => &mut w.recv,
             WakeOn::Send => &mut w.send,
-            WakeOn::Stop => &mut w.stop,
-            WakeOn::Closed => &mut w.closed,
+            WakeOn::Stop | WakeOn::Closed => {
+                let list = if matches!(on, WakeOn::Stop) {
+                    &mut w.stop
+                } else {
+                    &mut w.closed
+                };
+                if !list.iter().any(|old| old.will_wake(waker)) {
+                    list.push(waker.clone());
+                }
+                return;
+            }
         };
         match slot {
             Some(old) if old.will_wake(waker) => {}
@@ -310,8 +319,8 @@ impl PeerState {
                 generation: key.generation(),
                 recv: None,
                 send: None,
-                stop: None,
-                closed: None,
+                stop: Vec::new(),
+                closed: Vec::new(),
             });
         }
         slot.as_mut().expect("set just above")
@@ -330,12 +339,16 @@ impl PeerState {
             match event {
                 MuxEvent::Readable(k) => wake(self.wakers_of(k).and_then(|w| w.recv.take())),
                 MuxEvent::Writable(k) => wake(self.wakers_of(k).and_then(|w| w.send.take())),
-                MuxEvent::StopRequested(k) => wake(self.wakers_of(k).and_then(|w| w.stop.take())),
+                MuxEvent::StopRequested(k) => {
+                    if let Some(w) = self.wakers_of(k) {
+                        w.stop.drain(..).for_each(Waker::wake);
+                    }
+                }
                 MuxEvent::Closed { stream, .. } => {
                     if let Some(w) = self.wakers_of(stream) {
                         wake(w.send.take());
-                        wake(w.stop.take());
-                        wake(w.closed.take());
+                        w.stop.drain(..).for_each(Waker::wake);
+                        w.closed.drain(..).for_each(Waker::wake);
                     }
                 }
                 MuxEvent::LaneWritable(lane) => self.wake_lane_waiters(lane),

@@ -103,42 +103,27 @@ impl SendStream {
 
     /// Resolves when the frontend asks the stream to stop (graceful), or the stream ends.
     pub async fn stopped(&self) {
-        poll_fn(|cx| {
-            let key = self.key;
-            self.peer.with(|st, _| {
-                let live = st.mux.stream_state(key).is_some_and(|s| s.is_live());
-                if st.mux.is_stop_requested(key) || !live {
-                    return Poll::Ready(());
-                }
-                Peer::register(st, key, WakeOn::Stop, cx.waker());
-                Poll::Pending
-            })
-        })
-        .await;
+        self.watch().stopped().await;
     }
 
     /// Resolves when the stream was ended by the frontend (cancel, refusal) or by its lane,
     /// with the reason. Never resolves for a stream this side finishes.
     pub async fn closed(&self) -> StreamEnd {
-        poll_fn(|cx| {
-            let key = self.key;
-            self.peer.with(|st, _| match st.mux.send_end(key) {
-                Some(
-                    end @ (StreamEnd::Cancelled(_) | StreamEnd::Lost(_) | StreamEnd::Violation(_)),
-                ) => Poll::Ready(end),
-                _ => {
-                    Peer::register(st, key, WakeOn::Closed, cx.waker());
-                    Poll::Pending
-                }
-            })
-        })
-        .await
+        self.watch().closed().await
     }
 
     /// Whether the frontend asked the stream to stop.
     pub fn is_stop_requested(&self) -> bool {
-        let key = self.key;
-        self.peer.lock().mux.is_stop_requested(key)
+        self.watch().is_stop_requested()
+    }
+
+    /// A cheap handle that watches for the frontend's stop and cancel while another task
+    /// sends.
+    pub fn watch(&self) -> StreamWatch {
+        StreamWatch {
+            peer: self.peer.clone(),
+            key: self.key,
+        }
     }
 
     /// Flushes this connection's open batches now (the once-per-forward-pass hint).
@@ -204,5 +189,66 @@ fn map_send_error(e: SendError) -> StreamError {
             StreamError::Disconnected
         }
         _ => StreamError::Disconnected,
+    }
+}
+
+/// Watches one worker stream for the frontend's stop and cancel. Cheap to clone; any number
+/// of tasks may wait at once. After the stream is finished and released, neither event ever
+/// fires.
+#[derive(Debug, Clone)]
+pub struct StreamWatch {
+    peer: Peer,
+    key: StreamKey,
+}
+
+impl StreamWatch {
+    /// Resolves when the frontend asks the stream to stop, or the frontend or the lane ends it.
+    pub async fn stopped(&self) {
+        poll_fn(|cx| {
+            let key = self.key;
+            self.peer.with(|st, _| {
+                if st.mux.is_stop_requested(key) || remote_end(st, key).is_some() {
+                    return Poll::Ready(());
+                }
+                Peer::register(st, key, WakeOn::Stop, cx.waker());
+                Poll::Pending
+            })
+        })
+        .await;
+    }
+
+    /// Resolves when the frontend (cancel, refusal) or the lane ends the stream.
+    pub async fn closed(&self) -> StreamEnd {
+        poll_fn(|cx| {
+            let key = self.key;
+            self.peer.with(|st, _| match remote_end(st, key) {
+                Some(end) => Poll::Ready(end),
+                None => {
+                    Peer::register(st, key, WakeOn::Closed, cx.waker());
+                    Poll::Pending
+                }
+            })
+        })
+        .await
+    }
+
+    /// Whether the frontend asked the stream to stop.
+    pub fn is_stop_requested(&self) -> bool {
+        self.peer.lock().mux.is_stop_requested(self.key)
+    }
+
+    /// How the frontend or the lane ended the stream, if they did.
+    pub fn remote_end(&self) -> Option<StreamEnd> {
+        remote_end(&self.peer.lock(), self.key)
+    }
+}
+
+/// The end of `key` if the frontend or a lane caused it.
+fn remote_end(st: &crate::peer::PeerState, key: StreamKey) -> Option<StreamEnd> {
+    match st.mux.send_end(key) {
+        Some(end @ (StreamEnd::Cancelled(_) | StreamEnd::Lost(_) | StreamEnd::Violation(_))) => {
+            Some(end)
+        }
+        _ => None,
     }
 }

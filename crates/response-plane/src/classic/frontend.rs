@@ -1,0 +1,263 @@
+//! Classic plane, frontend side: accept one connection per stream, match it to its
+//! registration, read items straight from the socket.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
+use crate::registry::{Arrival, Registry};
+use crate::{ResponseError, prologue};
+
+/// Time a new connection has to name its stream.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Listen backlog of the classic listener.
+const BACKLOG: u32 = 4096;
+/// Largest handshake message, in bytes.
+const MAX_HANDSHAKE: u32 = 1024;
+
+#[derive(Deserialize)]
+struct Handshake {
+    stream: u64,
+    token: String,
+}
+
+/// The classic listener.
+pub(crate) struct ClassicFrontend {
+    pub(crate) local_addr: SocketAddr,
+    stop: CancellationToken,
+    done: CancellationToken,
+    pub(crate) refused: Arc<AtomicU64>,
+}
+
+impl ClassicFrontend {
+    pub(crate) async fn bind(
+        addr: SocketAddr,
+        registry: Arc<Registry>,
+        max: u32,
+        tracker: TaskTracker,
+    ) -> std::io::Result<Self> {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        // As deep as the kernel allows by default (`somaxconn`): one connection per stream
+        // arrives in bursts. The accept loop is still what limits this plane at scale.
+        let listener = socket.listen(BACKLOG)?;
+        let local_addr = listener.local_addr()?;
+        let (stop, done) = (CancellationToken::new(), CancellationToken::new());
+        let refused = Arc::new(AtomicU64::new(0));
+        let (s, d, r, t) = (stop.clone(), done.clone(), refused.clone(), tracker.clone());
+        tracker.spawn(async move {
+            loop {
+                // Cancel safety: `accept` loses no connection when dropped.
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    () = s.cancelled() => break,
+                };
+                let Ok((stream, _)) = accepted else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let (registry, refused, s2) = (registry.clone(), r.clone(), s.clone());
+                t.spawn(async move {
+                    tokio::select! {
+                        () = handshake(stream, registry, max, refused) => {}
+                        () = s2.cancelled() => {}
+                    }
+                });
+            }
+            d.cancel();
+        });
+        Ok(Self {
+            local_addr,
+            stop,
+            done,
+            refused,
+        })
+    }
+
+    /// Stops accepting and waits for the accept loop to end.
+    pub(crate) async fn shutdown(&self) {
+        self.stop.cancel();
+        self.done.cancelled().await;
+    }
+}
+
+async fn handshake(
+    mut stream: TcpStream,
+    registry: Arc<Registry>,
+    max: u32,
+    refused: Arc<AtomicU64>,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(256);
+    let read = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        read_message(&mut stream, &mut buf, MAX_HANDSHAKE),
+    )
+    .await;
+    let Ok(Ok((HANDSHAKE, body))) = read else {
+        refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let Ok(h) = serde_json::from_slice::<Handshake>(&body) else {
+        refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let token = u128::from_str_radix(&h.token, 16)
+        .map(u128::to_be_bytes)
+        .unwrap_or([0; 16]);
+    match registry.claim(h.stream, &token) {
+        Ok(tx) => {
+            // If the pending handle is gone the connection is dropped: the worker sees its end.
+            let _ = tx.send(Arrival::Classic(Incoming { stream, buf, max }));
+        }
+        Err(_) => {
+            refused.fetch_add(1, Ordering::Relaxed);
+            let _ = stream.write_all(&frame::header(KILL, 0)).await;
+        }
+    }
+}
+
+async fn read_message(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    max: u32,
+) -> Result<(u8, BytesMut), ResponseError> {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(m) = frame::decode(buf, max)? {
+            return Ok(m);
+        }
+        buf.reserve(4096);
+        let n = stream
+            .read_buf(buf)
+            .await
+            .map_err(ResponseError::ended_early)?;
+        if n == 0 {
+            return Err(ResponseError::ended_early("connection closed"));
+        }
+    }
+}
+
+/// A classic connection matched to its registration, before its prologue.
+pub(crate) struct Incoming {
+    stream: TcpStream,
+    buf: BytesMut,
+    max: u32,
+}
+
+impl Incoming {
+    /// Reads the prologue: the stream, or the worker's refusal.
+    pub(crate) async fn prologue(mut self) -> Result<ClassicReader, ResponseError> {
+        let (kind, body) = read_message(&mut self.stream, &mut self.buf, self.max).await?;
+        if kind != PROLOGUE {
+            return Err(ResponseError::Protocol {
+                reason: format!("expected the prologue, got message kind {kind:#04x}"),
+            });
+        }
+        prologue::decode(&body)?;
+        let (read, write) = self.stream.into_split();
+        Ok(ClassicReader {
+            read,
+            write,
+            buf: self.buf,
+            max: self.max,
+            ended: false,
+        })
+    }
+}
+
+/// Reads one classic stream's items from its socket.
+pub(crate) struct ClassicReader {
+    read: OwnedReadHalf,
+    write: OwnedWriteHalf,
+    buf: BytesMut,
+    max: u32,
+    ended: bool,
+}
+
+impl ClassicReader {
+    /// The next item, `None` after the sentinel.
+    pub(crate) fn poll_item(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, ResponseError>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            match frame::decode(&mut self.buf, self.max) {
+                Err(e) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Ok(Some((DATA, item))) => return Poll::Ready(Some(Ok(item.freeze()))),
+                Ok(Some((SENTINEL, _))) => {
+                    self.ended = true;
+                    if !self.buf.is_empty() {
+                        return Poll::Ready(Some(Err(ResponseError::Protocol {
+                            reason: "data after the final item".into(),
+                        })));
+                    }
+                    return Poll::Ready(None);
+                }
+                Ok(Some((kind, _))) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(ResponseError::Protocol {
+                        reason: format!("unexpected message kind {kind:#04x}"),
+                    })));
+                }
+                Ok(None) => {}
+            }
+            if self.buf.capacity() - self.buf.len() < 1024 {
+                self.buf.reserve(16 * 1024);
+            }
+            let n = match ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.read),
+                cx,
+                &mut self.buf
+            )) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(ResponseError::ended_early(e))));
+                }
+            };
+            if n == 0 {
+                self.ended = true;
+                return Poll::Ready(Some(Err(ResponseError::ended_early(
+                    "the worker closed the connection",
+                ))));
+            }
+        }
+    }
+
+    /// Asks the worker to stop (best effort: a 5-byte write into an idle socket).
+    pub(crate) fn stop(&self) {
+        let _ = self.write.try_write(&frame::header(STOP, 0));
+    }
+
+    /// Tells the worker to stop now; the connection closes when the reader is dropped.
+    pub(crate) fn kill(&mut self) {
+        if !self.ended {
+            let _ = self.write.try_write(&frame::header(KILL, 0));
+        }
+        self.ended = true;
+    }
+}

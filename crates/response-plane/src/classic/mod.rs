@@ -1,0 +1,13 @@
+//! The classic plane, as Dynamo ships it by default: one TCP connection per response stream,
+//! dialed by the worker, one write per item, a sentinel at the end.
+//!
+//! It is the baseline every benchmark compares against, so it is built honestly: correct,
+//! `TCP_NODELAY` like the original, no batching, no pooling, nothing the classic design does
+//! not do.
+
+mod frame;
+mod frontend;
+mod worker;
+
+pub(crate) use frontend::{ClassicFrontend, ClassicReader, Incoming};
+pub(crate) use worker::{ClassicControl, ClassicWriter};

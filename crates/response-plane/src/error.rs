@@ -1,0 +1,167 @@
+//! The one public error of the response plane.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A worker's typed reason for refusing a request, carried in its error prologue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct TypedError {
+    /// A short machine-readable kind, such as `EngineRefused` or `ResponsePlaneMismatch`.
+    pub kind: String,
+    /// A human-readable message.
+    pub message: String,
+    /// Whether the request may be retried on another worker.
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+impl TypedError {
+    /// A typed error of `kind` with `message`.
+    pub fn new(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            message: message.into(),
+            retryable: false,
+        }
+    }
+}
+
+/// What went wrong with a response stream, on either side.
+///
+/// Use [`is_cancelled`](Self::is_cancelled), [`is_remote`](Self::is_remote) and
+/// [`is_retryable`](Self::is_retryable) rather than matching when deciding what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResponseError {
+    /// The worker refused the request with an error prologue.
+    #[error("worker refused the request: {cause}")]
+    CannotConnect {
+        /// The worker's reason.
+        cause: TypedError,
+    },
+    /// The stream was lost: the worker or the connection went away before the stream ended
+    /// (before the prologue: the request may be retried on another worker).
+    #[error("disconnected: {reason}")]
+    Disconnected {
+        /// What happened.
+        reason: String,
+    },
+    /// No prologue arrived within the establish timeout.
+    #[error("no response from the worker within {after:?}")]
+    ResponseTimeout {
+        /// The timeout.
+        after: Duration,
+    },
+    /// The stream was cancelled: by this side (frontend), or by the frontend (worker).
+    #[error("stream cancelled{}", if *.graceful { " (stop requested)" } else { "" })]
+    Cancelled {
+        /// `true` for a graceful stop, `false` for a kill.
+        graceful: bool,
+    },
+    /// The worker ended the stream with an error code.
+    #[error("worker ended the stream with error {code}: {message}")]
+    Worker {
+        /// The worker's code.
+        code: u32,
+        /// The worker's message.
+        message: String,
+    },
+    /// An item could not be decoded with the stream's codec (the peer's fault).
+    #[error("cannot decode an item: {reason}")]
+    Decode {
+        /// The codec's message.
+        reason: String,
+    },
+    /// An item could not be encoded (the caller's fault).
+    #[error("cannot encode an item: {reason}")]
+    Encode {
+        /// The codec's message.
+        reason: String,
+    },
+    /// The peer broke the response protocol (for example items after the final one).
+    #[error("protocol violation: {reason}")]
+    Protocol {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Worker: the frontend could not be reached (connection setup failed).
+    #[error("cannot reach the frontend: {reason}")]
+    Unreachable {
+        /// The transport's reason.
+        reason: String,
+    },
+    /// Worker: the frontend uses another response plane than this worker. The frontend was
+    /// sent an error prologue saying so.
+    #[error(
+        "response plane mismatch: frontend requested {requested}, worker configured {configured}"
+    )]
+    PlaneMismatch {
+        /// The frontend's plane.
+        requested: String,
+        /// This worker's plane.
+        configured: String,
+    },
+    /// The stream address could not be used.
+    #[error("invalid connection info: {reason}")]
+    InvalidConnectionInfo {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Caller's fault: the prologue must be sent exactly once, before any item.
+    #[error("{0}")]
+    Prologue(&'static str),
+    /// Caller's fault: an item is larger than the plane accepts.
+    #[error("item of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// The item's encoded length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// The frontend has too many streams waiting for their worker.
+    #[error("too many pending streams (limit {limit})")]
+    Overloaded {
+        /// The limit.
+        limit: usize,
+    },
+    /// The plane is shutting down and takes no new streams.
+    #[error("the response plane is shut down")]
+    Closed,
+}
+
+impl ResponseError {
+    /// Whether the stream ended because it was cancelled (stop or kill).
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Self::Cancelled { .. })
+    }
+
+    /// Whether the other side caused the error (refusal, worker error, bad data).
+    pub fn is_remote(&self) -> bool {
+        matches!(
+            self,
+            Self::CannotConnect { .. }
+                | Self::Worker { .. }
+                | Self::Decode { .. }
+                | Self::Protocol { .. }
+        )
+    }
+
+    /// Whether retrying the request (on another worker) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Disconnected { .. } | Self::ResponseTimeout { .. } | Self::Unreachable { .. } => {
+                true
+            }
+            Self::CannotConnect { cause } => cause.retryable,
+            _ => false,
+        }
+    }
+
+    pub(crate) fn ended_early(detail: impl std::fmt::Display) -> Self {
+        Self::Disconnected {
+            reason: format!("stream ended before generation completed ({detail})"),
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The frontend's plane: registering streams and waiting for their prologue.
+
+use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
+
+use crate::classic::ClassicFrontend;
+use crate::info::{self, StreamAddress, hex_token};
+use crate::registry::{Arrival, Registry};
+use crate::stats::PlaneStats;
+use crate::{
+    Codec, ConnectionInfo, Plane, ResponseError, ResponsePlaneConfig, ResponseStream, StartError,
+    prologue,
+};
+
+/// Options of one registration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegisterOptions {
+    /// How the worker must encode items (the request's codec).
+    pub codec: Codec,
+    /// Fail with `ResponseTimeout` if no prologue arrives within this time.
+    pub establish_timeout: Option<Duration>,
+}
+
+/// A frontend's response plane: hands out stream addresses and receives the streams.
+#[derive(Clone)]
+pub struct FrontendPlane {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ResponsePlaneConfig,
+    registry: Arc<Registry>,
+    transport: Transport,
+    advertise: SocketAddr,
+    instance: velo_wire::InstanceId,
+    refused: Arc<AtomicU64>,
+    registered: AtomicU64,
+    established: AtomicU64,
+    failed: AtomicU64,
+}
+
+enum Transport {
+    Classic(ClassicFrontend),
+    #[cfg(feature = "tcp")]
+    VeloTcp(velo_tcp::TcpFrontend),
+}
+
+impl FrontendPlane {
+    /// Starts listening as `config` says. Lane and connection tasks run on `tracker`.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`]: a transport not compiled in, or the listener could not bind.
+    pub async fn bind(
+        config: ResponsePlaneConfig,
+        tracker: TaskTracker,
+    ) -> Result<Self, StartError> {
+        let registry = Arc::new(Registry::new());
+        let refused = Arc::new(AtomicU64::new(0));
+        let bind_ip = config.host.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let bind = SocketAddr::new(bind_ip, config.port);
+        let bind_err = |source: std::io::Error| StartError::Bind {
+            addr: bind,
+            source: Arc::new(source),
+        };
+        let (transport, local, instance) = match (config.plane, config.transport) {
+            (Plane::Tcp, _) => {
+                let f =
+                    ClassicFrontend::bind(bind, registry.clone(), config.max_message_size, tracker)
+                        .await
+                        .map_err(bind_err)?;
+                let local = f.local_addr;
+                (
+                    Transport::Classic(f),
+                    local,
+                    velo_session::new_instance_id(),
+                )
+            }
+            #[cfg(feature = "tcp")]
+            (Plane::Velo, crate::VeloTransport::Tcp) => {
+                let acceptor = Arc::new(crate::velo::RegistryAcceptor {
+                    registry: registry.clone(),
+                    refused: refused.clone(),
+                });
+                let f = velo_tcp::TcpFrontend::bind(
+                    bind,
+                    crate::mux_config(&config, velo_mux::Side::Frontend)?,
+                    tcp_config(&config),
+                    acceptor,
+                    tracker,
+                )
+                .await
+                .map_err(bind_err)?;
+                let (local, id) = (f.local_addr(), f.instance());
+                (Transport::VeloTcp(f), local, id)
+            }
+            #[cfg(not(feature = "tcp"))]
+            (Plane::Velo, crate::VeloTransport::Tcp) => {
+                return Err(StartError::NotCompiled(
+                    "velo over tcp needs the `tcp` feature",
+                ));
+            }
+            (Plane::Velo, crate::VeloTransport::Ucx) => {
+                return Err(StartError::NotCompiled(
+                    "velo over ucx needs the `ucx` feature",
+                ));
+            }
+        };
+        let advertise = SocketAddr::new(config.host.unwrap_or_else(routable_ip), local.port());
+        tracing::info!(plane = config.plane.name(), %advertise, "response plane listening");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                registry,
+                transport,
+                advertise,
+                instance,
+                refused,
+                registered: AtomicU64::new(0),
+                established: AtomicU64::new(0),
+                failed: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Registers a stream: its address (to put in the request) and the handle that resolves
+    /// on its prologue. Dropping the handle before then removes every trace of it.
+    ///
+    /// # Errors
+    ///
+    /// [`ResponseError::Closed`] after shutdown, [`ResponseError::Overloaded`] at the limit
+    /// of pending streams.
+    pub fn register<T: DeserializeOwned>(
+        &self,
+        opts: RegisterOptions,
+    ) -> Result<(ConnectionInfo, PendingResponse<T>), ResponseError> {
+        let (ticket, token, rx) = self.inner.registry.register()?;
+        self.inner.registered.fetch_add(1, Ordering::Relaxed);
+        let address = StreamAddress {
+            v: info::ADDRESS_VERSION,
+            addr: self.inner.advertise,
+            instance: self.inner.instance.to_string(),
+            ticket,
+            token: hex_token(&token),
+            codec: opts.codec,
+        };
+        let transport = match self.inner.transport {
+            Transport::Classic(_) => info::CLASSIC,
+            #[cfg(feature = "tcp")]
+            Transport::VeloTcp(_) => info::VELO_TCP,
+        };
+        let pending = PendingResponse {
+            plane: self.inner.clone(),
+            ticket,
+            rx: Some(rx),
+            opts,
+            _item: PhantomData,
+        };
+        Ok((address.to_info(transport), pending))
+    }
+
+    /// Ends every pending stream tied to `worker_instance` with `Disconnected` (the worker
+    /// left discovery) and tombstones the instance for 5 s, so a racing
+    /// [`PendingResponse::associate`] fails at once. Returns how many streams ended.
+    pub fn cancel_instance_streams(&self, worker_instance: u64) -> usize {
+        self.inner.registry.cancel_worker(worker_instance)
+    }
+
+    /// The plane this frontend runs.
+    pub fn plane(&self) -> Plane {
+        self.inner.config.plane
+    }
+
+    /// The address workers connect to.
+    pub fn address(&self) -> SocketAddr {
+        self.inner.advertise
+    }
+
+    /// Streams registered and still waiting for their prologue.
+    pub fn pending(&self) -> usize {
+        self.inner.registry.pending()
+    }
+
+    /// Counters of the plane and its transport.
+    pub fn stats(&self) -> PlaneStats {
+        let mut s = PlaneStats {
+            streams_registered: self.inner.registered.load(Ordering::Relaxed),
+            streams_established: self.inner.established.load(Ordering::Relaxed),
+            stream_setup_failures: self.inner.failed.load(Ordering::Relaxed),
+            streams_refused: self.inner.refused.load(Ordering::Relaxed),
+            ..PlaneStats::default()
+        };
+        match &self.inner.transport {
+            Transport::Classic(f) => s.streams_refused += f.refused.load(Ordering::Relaxed),
+            #[cfg(feature = "tcp")]
+            Transport::VeloTcp(f) => s.add_velo(&f.endpoint().stats(), &f.stats()),
+        }
+        s
+    }
+
+    /// Stops taking streams: new registrations fail with `Closed`, pending ones end with
+    /// `Closed`, the listener stops, and every connection is told (CLOSE) and closed. Lane
+    /// tasks end on their own; the caller bounds the wait on its tracker.
+    pub async fn shutdown(&self) {
+        self.inner.registry.close();
+        match &self.inner.transport {
+            Transport::Classic(f) => f.shutdown().await,
+            #[cfg(feature = "tcp")]
+            Transport::VeloTcp(f) => f.shutdown().await,
+        }
+    }
+
+    /// Stops every connection at once (the grace period ran out).
+    pub fn abort(&self) {
+        self.inner.registry.close();
+        #[cfg(feature = "tcp")]
+        if let Transport::VeloTcp(f) = &self.inner.transport {
+            f.abort();
+        }
+    }
+
+    /// Tells every worker this frontend takes no new streams; open ones finish.
+    pub fn go_away(&self) {
+        #[cfg(feature = "tcp")]
+        if let Transport::VeloTcp(f) = &self.inner.transport {
+            f.endpoint().go_away();
+        }
+    }
+}
+
+#[cfg(feature = "tcp")]
+fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
+    let _ = c;
+    velo_tcp::TcpConfig::default()
+}
+
+/// This host's routable address: the one the OS would use to reach the outside world (a
+/// route lookup only; nothing is sent). Loopback when there is no route.
+fn routable_ip() -> IpAddr {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
+        s.connect("192.0.2.1:9")?; // TEST-NET-1: never routed anywhere real
+        s.local_addr()
+    });
+    match probe {
+        Ok(a) if !a.ip().is_unspecified() => a.ip(),
+        _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    }
+}
+
+/// A registered stream waiting for its worker's prologue.
+pub struct PendingResponse<T> {
+    plane: Arc<Inner>,
+    ticket: u64,
+    rx: Option<oneshot::Receiver<Arrival>>,
+    opts: RegisterOptions,
+    _item: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> PendingResponse<T> {
+    /// Ties the stream to the worker instance its request went to, so
+    /// [`FrontendPlane::cancel_instance_streams`] can end it.
+    ///
+    /// # Errors
+    ///
+    /// `Disconnected` at once if that instance was removed in the last 5 s.
+    pub fn associate(&self, worker_instance: u64) -> Result<(), ResponseError> {
+        self.plane.registry.associate(self.ticket, worker_instance)
+    }
+
+    /// Waits for the prologue.
+    ///
+    /// # Errors
+    ///
+    /// `CannotConnect` (error prologue, with the worker's typed cause), `Disconnected`
+    /// (worker gone first, or its instance removed), `ResponseTimeout`, `Closed`.
+    pub async fn established(mut self) -> Result<ResponseStream<T>, ResponseError> {
+        let r = self.wait().await;
+        let counter = if r.is_ok() {
+            &self.plane.established
+        } else {
+            &self.plane.failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    async fn wait(&mut self) -> Result<ResponseStream<T>, ResponseError> {
+        let rx = self.rx.take().ok_or(ResponseError::Closed)?;
+        let codec = self.opts.codec;
+        let establish = async move {
+            let arrival = rx.await.map_err(|_| ResponseError::Closed)?;
+            match arrival {
+                Arrival::Failed(e) => Err(e),
+                Arrival::Velo(incoming) => {
+                    let outcome = prologue::decode(incoming.prologue());
+                    // Take the stream either way: after an error prologue the worker ends it.
+                    let stream = incoming.accept();
+                    outcome.map(|()| ResponseStream::velo(stream, codec))
+                }
+                Arrival::Classic(incoming) => incoming
+                    .prologue()
+                    .await
+                    .map(|r| ResponseStream::classic(r, codec)),
+            }
+        };
+        match self.opts.establish_timeout {
+            None => establish.await,
+            Some(after) => tokio::time::timeout(after, establish)
+                .await
+                .map_err(|_| ResponseError::ResponseTimeout { after })?,
+        }
+    }
+}
+
+impl<T> Drop for PendingResponse<T> {
+    fn drop(&mut self) {
+        // No-op once the stream arrived (its slot is already gone).
+        self.plane.registry.remove(self.ticket);
+    }
+}
+
+impl<T> std::fmt::Debug for PendingResponse<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingResponse")
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for FrontendPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontendPlane")
+            .field("plane", &self.inner.config.plane)
+            .field("address", &self.inner.advertise)
+            .finish()
+    }
+}

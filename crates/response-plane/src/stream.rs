@@ -1,0 +1,173 @@
+//! The frontend's typed response stream.
+
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use serde::de::DeserializeOwned;
+use velo_mux::StreamEnd;
+use velo_session::RecvStream;
+
+use crate::classic::ClassicReader;
+use crate::{Codec, ResponseError};
+
+/// A response stream: the worker's items, decoded, in order.
+///
+/// It ends with `None` after a clean end (the worker finished), or after a quiet end once
+/// [`stop`](Self::stop) was asked and the worker wound down; any other end is one `Err`
+/// (`Disconnected` "stream ended before generation completed", a worker error, or a protocol
+/// violation) followed by `None`. Dropping it kills the stream: the worker is told to stop
+/// generating.
+pub struct ResponseStream<T> {
+    inner: Inner,
+    codec: Codec,
+    stopped: bool,
+    done: bool,
+    _item: PhantomData<fn() -> T>,
+}
+
+enum Inner {
+    Velo(RecvStream),
+    Classic(ClassicReader),
+}
+
+impl<T> ResponseStream<T> {
+    pub(crate) fn velo(stream: RecvStream, codec: Codec) -> Self {
+        Self {
+            inner: Inner::Velo(stream),
+            codec,
+            stopped: false,
+            done: false,
+            _item: PhantomData,
+        }
+    }
+
+    pub(crate) fn classic(reader: ClassicReader, codec: Codec) -> Self {
+        Self {
+            inner: Inner::Classic(reader),
+            codec,
+            stopped: false,
+            done: false,
+            _item: PhantomData,
+        }
+    }
+
+    /// Asks the worker to stop generating soon (graceful). Items already produced keep coming;
+    /// the stream then ends quietly.
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        match &mut self.inner {
+            Inner::Velo(s) => s.stop(),
+            Inner::Classic(r) => r.stop(),
+        }
+    }
+
+    /// Stops the stream now: the worker is told, nothing more is read.
+    pub fn kill(&mut self) {
+        self.done = true;
+        match &mut self.inner {
+            Inner::Velo(s) => s.cancel(velo_wire::CancelCode::CANCELLED),
+            Inner::Classic(r) => r.kill(),
+        }
+    }
+
+    /// Whether [`stop`](Self::stop) was called.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The codec items are decoded with.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+}
+
+impl<T: DeserializeOwned> ResponseStream<T> {
+    /// Polls for the next raw item (bytes); the typed `Stream` impl decodes them.
+    fn poll_raw(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<bytes::Bytes, ResponseError>>> {
+        match &mut self.inner {
+            Inner::Classic(r) => match r.poll_item(cx) {
+                // A quiet end after stop: the worker may close without its sentinel.
+                Poll::Ready(Some(Err(ResponseError::Disconnected { .. }))) if self.stopped => {
+                    Poll::Ready(None)
+                }
+                other => other,
+            },
+            Inner::Velo(s) => match s.poll_recv(cx) {
+                Poll::Ready(Some(Err(end))) => Poll::Ready(map_end(end, self.stopped).map(Err)),
+                Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(b))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// How a velo stream's abnormal end looks to the application; `None` is a quiet end.
+fn map_end(end: StreamEnd, stopped: bool) -> Option<ResponseError> {
+    match end {
+        StreamEnd::Finished => None,
+        StreamEnd::Error { code, .. } if code == velo_mux::RESET_DROPPED => {
+            (!stopped).then(|| ResponseError::ended_early("the worker dropped the stream"))
+        }
+        StreamEnd::Error { code, message } => Some(ResponseError::Worker { code, message }),
+        StreamEnd::Cancelled(_) => None,
+        StreamEnd::Lost(e) => Some(ResponseError::ended_early(e)),
+        StreamEnd::Violation(reason) => Some(ResponseError::Protocol {
+            reason: reason.into(),
+        }),
+        other => Some(ResponseError::ended_early(other)),
+    }
+}
+
+impl<T: DeserializeOwned> Stream for ResponseStream<T> {
+    type Item = Result<T, ResponseError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        // `ResponseStream` is `Unpin`: every field is.
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match this.poll_raw(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(Some(Ok(bytes))) => match this.codec.decode(&bytes) {
+                Ok(item) => Poll::Ready(Some(Ok(item))),
+                Err(e) => {
+                    // The worker sends what we cannot read: stop it and report once.
+                    this.kill();
+                    Poll::Ready(Some(Err(e)))
+                }
+            },
+        }
+    }
+}
+
+impl<T> Drop for ResponseStream<T> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.kill();
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for ResponseStream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseStream")
+            .field("codec", &self.codec)
+            .field("stopped", &self.stopped)
+            .finish()
+    }
+}

@@ -1,0 +1,37 @@
+//! The velo plane's adapters: the registry as the session layer's `Acceptor`, and the
+//! transports behind it.
+
+use std::sync::Arc;
+
+use velo_session::{Acceptor, IncomingStream};
+use velo_wire::CancelCode;
+
+use crate::registry::{Arrival, Refusal, Registry};
+
+/// Hands each OPEN to its registration, or refuses it so the worker stops generating.
+pub(crate) struct RegistryAcceptor {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) refused: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Acceptor for RegistryAcceptor {
+    fn accept(&self, incoming: IncomingStream) {
+        match self.registry.claim(incoming.ticket(), &incoming.token().0) {
+            Ok(tx) => {
+                if let Err(Arrival::Velo(incoming)) = tx.send(Arrival::Velo(incoming)) {
+                    // The pending handle went away while the stream was on its way: the
+                    // cancellation still reaches the engine.
+                    incoming.refuse(CancelCode::CANCELLED);
+                    self.refused
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            Err(Refusal::Unknown | Refusal::BadToken) => {
+                // Dropped, timed out, cancelled, or not ours: the worker is told to stop.
+                incoming.refuse(CancelCode::REFUSED);
+                self.refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,673 @@
+//! The response-plane contract (REFERENCE.md section 2), written once and run against every
+//! plane on loopback. Every wait is bounded.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+use response_plane::{
+    Codec, ConnectionInfo, FrontendPlane, Plane, RegisterOptions, ResponseError,
+    ResponsePlaneConfig, TypedError, WorkerPlane,
+};
+use serde::{Deserialize, Serialize};
+use tokio_util::task::TaskTracker;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// An item shaped like an engine's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Token {
+    index: u32,
+    token_ids: Vec<u32>,
+    finish_reason: Option<String>,
+}
+
+fn token(index: u32) -> Token {
+    Token {
+        index,
+        token_ids: vec![index, index + 1],
+        finish_reason: None,
+    }
+}
+
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {BOUND:?}"))
+}
+
+fn config(plane: Plane) -> ResponsePlaneConfig {
+    let mut c = ResponsePlaneConfig::from_lookup(|var| match var {
+        "DYN_RESPONSE_PLANE" => Some(plane.name().to_owned()),
+        "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".to_owned()),
+        _ => None,
+    })
+    .unwrap();
+    c.idle_timeout = Duration::from_secs(10);
+    c
+}
+
+struct Setup {
+    frontend: FrontendPlane,
+    worker: WorkerPlane,
+    _tracker: TaskTracker,
+}
+
+async fn setup(plane: Plane) -> Setup {
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(config(plane), tracker.clone())
+        .await
+        .unwrap();
+    let worker = WorkerPlane::new(config(plane), tracker.clone()).unwrap();
+    Setup {
+        frontend,
+        worker,
+        _tracker: tracker,
+    }
+}
+
+fn register(s: &Setup) -> (ConnectionInfo, response_plane::PendingResponse<Token>) {
+    s.frontend
+        .register::<Token>(RegisterOptions::default())
+        .unwrap()
+}
+
+async fn prologue_ok_items_arrive_in_order_then_a_clean_end(plane: Plane) {
+    let s = setup(plane).await;
+    for codec in [Codec::Msgpack, Codec::Json] {
+        let (info, pending) = s
+            .frontend
+            .register::<Token>(RegisterOptions {
+                codec,
+                ..Default::default()
+            })
+            .unwrap();
+        let worker = s.worker.clone();
+        // More items than the credit window: the sender waits for the reader, as it should.
+        let producer = tokio::spawn(async move {
+            let mut tx = worker.connect::<Token>(&info).await?;
+            tx.send_prologue(Ok(())).await?;
+            for i in 0..100 {
+                tx.send(&token(i)).await?;
+                worker.flush();
+            }
+            tx.finish().await?;
+            worker.flush();
+            Ok::<_, ResponseError>(())
+        });
+        let rx = within("established", pending.established()).await.unwrap();
+        let got: Vec<_> = within("read", rx.collect::<Vec<_>>()).await;
+        let want: Vec<_> = (0..100).map(|i| Ok(token(i))).collect();
+        assert_eq!(got, want, "{codec:?}");
+        within("producer", producer).await.unwrap().unwrap();
+    }
+    assert!(info_is_small(&s));
+}
+
+fn info_is_small(s: &Setup) -> bool {
+    let (info, _p) = register(s);
+    let json = serde_json::to_string(&info).unwrap();
+    json.len() < 512 && json.len() < 128 * 1024
+}
+
+async fn an_error_prologue_is_cannot_connect_with_the_typed_cause(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    let cause = TypedError {
+        kind: "EngineRefused".into(),
+        message: "queue full".into(),
+        retryable: true,
+    };
+    within("prologue", tx.send_prologue(Err(cause.clone())))
+        .await
+        .unwrap();
+    s.worker.flush();
+    let err = within("established", pending.established())
+        .await
+        .unwrap_err();
+    assert_eq!(err, ResponseError::CannotConnect { cause });
+    assert!(err.is_remote() && err.is_retryable() && !err.is_cancelled());
+    // The prologue goes exactly once, first.
+    assert!(matches!(
+        tx.send_prologue(Ok(())).await,
+        Err(ResponseError::Prologue(_))
+    ));
+}
+
+async fn the_prologue_is_sent_exactly_once_and_first(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, _pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    assert!(matches!(
+        tx.send(&token(0)).await,
+        Err(ResponseError::Prologue(_))
+    ));
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    assert!(matches!(
+        tx.send_prologue(Ok(())).await,
+        Err(ResponseError::Prologue(_))
+    ));
+}
+
+async fn stop_is_graceful_and_the_stream_ends_quietly(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let ctx = tx.context();
+    within("send", tx.send(&token(0))).await.unwrap();
+    s.worker.flush();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(within("first", rx.next()).await, Some(Ok(token(0))));
+    rx.stop();
+    within("the engine sees the stop", ctx.stopped()).await;
+    assert!(ctx.is_stopped() && !ctx.is_killed());
+    // Produced before the stop took effect: still delivered.
+    within("send", tx.send(&token(1))).await.unwrap();
+    within("finish", tx.finish()).await.unwrap();
+    s.worker.flush();
+    assert_eq!(within("second", rx.next()).await, Some(Ok(token(1))));
+    assert_eq!(within("quiet end", rx.next()).await, None);
+}
+
+async fn a_stop_answered_by_dropping_the_sender_still_ends_quietly(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    s.worker.flush();
+    let ctx = tx.context();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    rx.stop();
+    within("stop seen", ctx.stopped()).await;
+    drop(tx);
+    s.worker.flush();
+    assert_eq!(within("quiet end", rx.next()).await, None);
+}
+
+async fn kill_reaches_the_engine_and_further_sends_fail(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    s.worker.flush();
+    let ctx = tx.context();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    rx.kill();
+    within("the engine sees the kill", ctx.killed()).await;
+    assert!(ctx.is_killed());
+    assert_eq!(within("after kill", rx.next()).await, None);
+    let err = within("send after kill", async {
+        loop {
+            match tx.send(&token(9)).await {
+                Ok(()) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) => break e,
+            }
+        }
+    })
+    .await;
+    assert!(
+        err.is_cancelled() || matches!(err, ResponseError::Disconnected { .. }),
+        "{err}"
+    );
+}
+
+async fn dropping_the_receiver_kills_the_stream(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    s.worker.flush();
+    let ctx = tx.context();
+    let rx = within("established", pending.established()).await.unwrap();
+    drop(rx);
+    within("the engine sees the kill", ctx.killed()).await;
+}
+
+async fn dropping_the_sender_without_finish_is_an_abnormal_end(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    within("send", tx.send(&token(0))).await.unwrap();
+    drop(tx);
+    s.worker.flush();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(within("item", rx.next()).await, Some(Ok(token(0))));
+    let end = within("end", rx.next())
+        .await
+        .expect("an abnormal end is reported");
+    let err = end.unwrap_err();
+    assert!(
+        matches!(&err, ResponseError::Disconnected { reason } if reason.starts_with("stream ended before generation completed")),
+        "{err}"
+    );
+    assert!(err.is_retryable());
+    assert_eq!(within("then nothing", rx.next()).await, None);
+}
+
+async fn a_worker_process_gone_mid_stream_is_disconnected(plane: Plane) {
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(config(plane), tracker.clone())
+        .await
+        .unwrap();
+    let (info, pending) = frontend
+        .register::<Token>(RegisterOptions::default())
+        .unwrap();
+    // The worker lives on a runtime of its own, torn down mid-stream like a dead process.
+    let worker_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    worker_rt.spawn(async move {
+        let wt = TaskTracker::new();
+        let worker = WorkerPlane::new(config(plane), wt).unwrap();
+        let mut tx = worker.connect::<Token>(&info).await.unwrap();
+        tx.send_prologue(Ok(())).await.unwrap();
+        tx.send(&token(0)).await.unwrap();
+        worker.flush();
+        sent_tx.send(()).unwrap();
+        std::future::pending::<()>().await;
+        drop((tx, worker));
+    });
+    within("worker sent", sent_rx).await.unwrap();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(within("item", rx.next()).await, Some(Ok(token(0))));
+    worker_rt.shutdown_background();
+    let err = within("end", rx.next()).await.expect("an end").unwrap_err();
+    assert!(matches!(err, ResponseError::Disconnected { .. }), "{err}");
+}
+
+async fn a_one_mib_item_arrives_intact(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let big = Token {
+        index: 1,
+        token_ids: (0..262_144).collect(),
+        finish_reason: Some("length".into()),
+    };
+    within("send big", tx.send(&big)).await.unwrap();
+    within("send small", tx.send(&token(2))).await.unwrap();
+    within("finish", tx.finish()).await.unwrap();
+    s.worker.flush();
+    let rx = within("established", pending.established()).await.unwrap();
+    let got: Vec<_> = within("read", rx.collect::<Vec<_>>()).await;
+    assert_eq!(got, vec![Ok(big), Ok(token(2))]);
+}
+
+/// Env vars that turn the ignored helper test below into the worker process of
+/// `ten_thousand_concurrent_streams_all_complete`.
+const HELPER_PLANE: &str = "VELO_CONTRACT_WORKER_PLANE";
+const HELPER_INFOS: &str = "VELO_CONTRACT_WORKER_INFOS";
+const HELPER_ITEMS: u32 = 5;
+
+async fn ten_thousand_concurrent_streams_all_complete(plane: Plane) {
+    const STREAMS: u32 = 10_000;
+    // The worker runs in a process of its own (this test binary, re-run as the helper test):
+    // as in production, and so each process holds one end of each classic connection.
+    raise_fd_limit(u64::from(STREAMS) + 1024);
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(config(plane), tracker.clone())
+        .await
+        .unwrap();
+    let mut readers = Vec::new();
+    let mut infos = String::new();
+    for n in 0..STREAMS {
+        let (info, pending) = frontend
+            .register::<Token>(RegisterOptions::default())
+            .unwrap();
+        infos.push_str(&serde_json::to_string(&info).unwrap());
+        infos.push('\n');
+        readers.push(tokio::spawn(async move {
+            let rx = pending.established().await?;
+            let got: Vec<_> = rx.collect().await;
+            Ok::<_, ResponseError>((n, got))
+        }));
+    }
+    let path = std::env::temp_dir().join(format!(
+        "velo-contract-{}-{}.jsonl",
+        plane.name(),
+        std::process::id()
+    ));
+    std::fs::write(&path, infos).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "worker_process_helper",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(HELPER_PLANE, plane.name())
+        .env(HELPER_INFOS, &path)
+        .spawn()
+        .expect("spawn the worker process");
+    for r in readers {
+        let (n, got) = within("reader", r).await.unwrap().unwrap();
+        let want: Vec<_> = (0..HELPER_ITEMS).map(|i| Ok(token(n * 100 + i))).collect();
+        assert_eq!(got, want, "stream {n}");
+    }
+    let status = within(
+        "worker process exits",
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "worker process: {status}");
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(frontend.pending(), 0);
+}
+
+/// The worker process of `ten_thousand_concurrent_streams_all_complete`: streams to every
+/// address in the file it is given. Does nothing unless started by that test.
+#[test]
+#[ignore = "helper process of ten_thousand_concurrent_streams_all_complete, which runs it"]
+fn worker_process_helper() {
+    let (Ok(plane), Ok(path)) = (std::env::var(HELPER_PLANE), std::env::var(HELPER_INFOS)) else {
+        return;
+    };
+    let plane = if plane == "velo" {
+        Plane::Velo
+    } else {
+        Plane::Tcp
+    };
+    raise_fd_limit(11_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let worker = WorkerPlane::new(config(plane), TaskTracker::new()).unwrap();
+        let infos = std::fs::read_to_string(path).unwrap();
+        let mut writers = Vec::new();
+        // Streams are all open at once; only the connect calls are paced (the classic plane's
+        // connection-per-stream bursts would otherwise overflow the accept queue).
+        let connecting = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
+        for (n, line) in infos.lines().enumerate() {
+            let info: ConnectionInfo = serde_json::from_str(line).unwrap();
+            let n = u32::try_from(n).unwrap();
+            let worker = worker.clone();
+            let connecting = connecting.clone();
+            writers.push(tokio::spawn(async move {
+                let permit = connecting.acquire_owned().await.expect("never closed");
+                let mut tx = worker.connect::<Token>(&info).await?;
+                drop(permit);
+                tx.send_prologue(Ok(())).await?;
+                for i in 0..HELPER_ITEMS {
+                    tx.send(&token(n * 100 + i)).await?;
+                }
+                tx.finish().await
+            }));
+        }
+        let flusher = {
+            let worker = worker.clone();
+            tokio::spawn(async move {
+                loop {
+                    worker.flush();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        };
+        for w in writers {
+            within("writer", w).await.unwrap().unwrap();
+        }
+        // Let the last batches leave before the process exits.
+        worker.flush();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        flusher.abort();
+    });
+}
+
+/// The classic plane holds two descriptors per stream in one process; raise the soft limit
+/// (and the hard one, which root may) to what the test needs, or say why it cannot run.
+fn raise_fd_limit(needed: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    assert!(ok, "getrlimit(RLIMIT_NOFILE) failed");
+    if lim.rlim_cur >= needed {
+        return;
+    }
+    let want = libc::rlimit {
+        rlim_cur: needed,
+        rlim_max: lim.rlim_max.max(needed),
+    };
+    // SAFETY: setrlimit reads the struct we own.
+    let ok = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0;
+    assert!(
+        ok,
+        "this test needs {needed} file descriptors (soft limit {}, hard {}): raise `ulimit -n` or run as root",
+        lim.rlim_cur, lim.rlim_max
+    );
+}
+
+async fn a_kill_racing_setup_still_reaches_the_engine(plane: Plane) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    // The frontend gives up before the worker has even answered.
+    drop(pending);
+    let mut tx = match within("connect", s.worker.connect::<Token>(&info)).await {
+        Ok(tx) => tx,
+        Err(e) => panic!("connect: {e}"),
+    };
+    let ctx = tx.context();
+    // The classic plane may already refuse the connection here; the prologue may fail then.
+    let _ = within("prologue", tx.send_prologue(Ok(()))).await;
+    s.worker.flush();
+    within(
+        "the cancellation reaches the engine after the prologue",
+        ctx.killed(),
+    )
+    .await;
+    assert_eq!(s.frontend.pending(), 0);
+}
+
+async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Plane) {
+    let other = match plane {
+        Plane::Tcp => Plane::Velo,
+        Plane::Velo => Plane::Tcp,
+    };
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(config(plane), tracker.clone())
+        .await
+        .unwrap();
+    if other == Plane::Velo && !cfg!(feature = "tcp") {
+        // Without a velo transport, a velo worker is a startup error, not a silent fallback.
+        let err = WorkerPlane::new(config(other), tracker.clone()).unwrap_err();
+        assert!(err.to_string().contains("rebuild"), "{err}");
+        return;
+    }
+    let worker = WorkerPlane::new(config(other), tracker.clone()).unwrap();
+    let (info, pending) = frontend
+        .register::<Token>(RegisterOptions::default())
+        .unwrap();
+    let err = within("connect", worker.connect::<Token>(&info))
+        .await
+        .unwrap_err();
+    let msg = format!(
+        "response plane mismatch: frontend requested {}, worker configured {}",
+        plane.name(),
+        other.name()
+    );
+    assert_eq!(err.to_string(), msg);
+    let seen = within("frontend sees it", pending.established())
+        .await
+        .unwrap_err();
+    match seen {
+        ResponseError::CannotConnect { cause } => {
+            assert_eq!(cause.kind, "ResponsePlaneMismatch");
+            assert_eq!(cause.message, msg);
+        }
+        other => panic!("expected CannotConnect, got {other}"),
+    }
+    assert_eq!(worker.stats().stream_setup_failures, 1);
+}
+
+async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: Plane) {
+    let s = setup(plane).await;
+    let after = Duration::from_millis(200);
+    let (_info, pending) = s
+        .frontend
+        .register::<Token>(RegisterOptions {
+            establish_timeout: Some(after),
+            ..Default::default()
+        })
+        .unwrap();
+    let err = within("timeout", pending.established()).await.unwrap_err();
+    assert_eq!(err, ResponseError::ResponseTimeout { after });
+    assert!(err.is_retryable());
+    assert_eq!(s.frontend.pending(), 0);
+}
+
+async fn dropping_a_pending_handle_removes_all_state(plane: Plane) {
+    let s = setup(plane).await;
+    let handles: Vec<_> = (0..100).map(|_| register(&s)).collect();
+    assert_eq!(s.frontend.pending(), 100);
+    drop(handles);
+    assert_eq!(s.frontend.pending(), 0);
+}
+
+async fn registrations_after_shutdown_fail_cleanly(plane: Plane) {
+    let s = setup(plane).await;
+    let (_info, pending) = register(&s);
+    within("shutdown", s.frontend.shutdown()).await;
+    assert_eq!(
+        within("pending ends", pending.established())
+            .await
+            .unwrap_err(),
+        ResponseError::Closed
+    );
+    assert_eq!(
+        s.frontend
+            .register::<Token>(RegisterOptions::default())
+            .unwrap_err(),
+        ResponseError::Closed
+    );
+}
+
+async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(plane: Plane) {
+    let s = setup(plane).await;
+    let (_i1, p1) = register(&s);
+    let (_i2, p2) = register(&s);
+    let (_i3, p3) = register(&s);
+    p1.associate(7).unwrap();
+    p2.associate(7).unwrap();
+    p3.associate(8).unwrap();
+    assert_eq!(s.frontend.cancel_instance_streams(7), 2);
+    for p in [p1, p2] {
+        let err = within("ended", p.established()).await.unwrap_err();
+        assert!(
+            matches!(&err, ResponseError::Disconnected { reason } if reason.contains("instance 7")),
+            "{err}"
+        );
+    }
+    // A registration racing the removal fails at once.
+    let (_i4, p4) = register(&s);
+    let err = p4.associate(7).unwrap_err();
+    assert!(matches!(err, ResponseError::Disconnected { .. }));
+    // The other instance's stream is untouched.
+    assert_eq!(s.frontend.pending(), 2);
+    drop(p3);
+}
+
+macro_rules! contract {
+    ($($plane_mod:ident => $plane:expr),*) => {$(
+        mod $plane_mod {
+            use super::*;
+            contract!(@tests $plane;
+                prologue_ok_items_arrive_in_order_then_a_clean_end,
+                an_error_prologue_is_cannot_connect_with_the_typed_cause,
+                the_prologue_is_sent_exactly_once_and_first,
+                stop_is_graceful_and_the_stream_ends_quietly,
+                a_stop_answered_by_dropping_the_sender_still_ends_quietly,
+                kill_reaches_the_engine_and_further_sends_fail,
+                dropping_the_receiver_kills_the_stream,
+                dropping_the_sender_without_finish_is_an_abnormal_end,
+                a_worker_process_gone_mid_stream_is_disconnected,
+                a_one_mib_item_arrives_intact,
+                ten_thousand_concurrent_streams_all_complete,
+                a_kill_racing_setup_still_reaches_the_engine,
+                a_plane_mismatch_answers_with_an_error_prologue,
+                an_establish_timeout_bounds_the_wait_and_frees_the_registration,
+                dropping_a_pending_handle_removes_all_state,
+                registrations_after_shutdown_fail_cleanly,
+                removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it
+            );
+        }
+    )*};
+    (@tests $plane:expr; $($test:ident),*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            super::$test($plane).await;
+        }
+    )*};
+}
+
+contract!(classic_tcp => Plane::Tcp);
+#[cfg(feature = "tcp")]
+contract!(velo_tcp => Plane::Velo);
+
+/// The classic plane by hand: a worker that sends an item after its final one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_data_after_the_final_item_is_an_error() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(Plane::Tcp).await;
+    let (info, pending) = register(&s);
+    let address: serde_json::Value = serde_json::from_str(&info.info).unwrap();
+    let mut raw = tokio::net::TcpStream::connect(address["addr"].as_str().unwrap())
+        .await
+        .unwrap();
+    let message = |kind: u8, payload: &[u8]| {
+        let mut m = u32::try_from(payload.len() + 1)
+            .unwrap()
+            .to_le_bytes()
+            .to_vec();
+        m.push(kind);
+        m.extend_from_slice(payload);
+        m
+    };
+    let handshake =
+        serde_json::json!({ "stream": address["ticket"], "token": address["token"] }).to_string();
+    let item = rmp_serde::to_vec_named(&token(1)).unwrap();
+    let mut bytes = message(0x01, handshake.as_bytes());
+    bytes.extend(message(0x02, br#"{"error":null}"#));
+    bytes.extend(message(0x03, &item));
+    bytes.extend(message(0x04, &[]));
+    bytes.extend(message(0x03, &item));
+    raw.write_all(&bytes).await.unwrap();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(within("item", rx.next()).await, Some(Ok(token(1))));
+    let err = within("violation", rx.next()).await.unwrap().unwrap_err();
+    assert_eq!(
+        err,
+        ResponseError::Protocol {
+            reason: "data after the final item".into()
+        }
+    );
+    assert!(err.is_remote());
+}
