@@ -1,5 +1,339 @@
-//! The velo-rs benchmark (filled in by the bench issue).
+//! `cargo run --release -p velo-bench`: compare response planes on a mock serving fleet.
 
-fn main() {
-    println!("velo-bench: not yet implemented");
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::task::TaskTracker;
+use velo_bench::adapter::ours;
+use velo_bench::arms::{self, Arm};
+use velo_bench::orchestrate::{self, RunOpts};
+use velo_bench::report::{ArmReport, Figures};
+use velo_bench::{frontend, plots, procfs, worker};
+
+/// Compare response planes side by side on a mock LLM serving fleet (Dynamo's mocker model):
+/// a closed-loop load through fresh frontend and worker processes per run.
+#[derive(Parser)]
+#[command(name = "velo-bench", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    role: Option<Role>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Arms to run, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    arms: String,
+    /// Requests in flight (closed loop).
+    #[arg(long, default_value_t = 256)]
+    concurrency: u32,
+    /// Measurement window, seconds.
+    #[arg(long, default_value_t = 8.0)]
+    duration: f64,
+    /// Warm-up before the window, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    warmup: f64,
+    /// Mock engines in all (spread over the worker processes).
+    #[arg(long, default_value_t = 8)]
+    workers: u32,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    worker_processes: u32,
+    /// Prompt length (input sequence length), tokens.
+    #[arg(long, default_value_t = 256)]
+    isl: u32,
+    /// Output length (output sequence length), tokens.
+    #[arg(long, default_value_t = 128)]
+    osl: u32,
+    /// The mocker's speedup ratio (pass times are divided by it).
+    #[arg(long, default_value_t = 10.0)]
+    speedup: f64,
+    /// Interleaved repeats per arm; the report gives medians.
+    #[arg(long, default_value_t = 2)]
+    repeats: u32,
+    /// Write every figure and the configuration to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write SVG plots into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Pin the frontend to CPU 0 and the worker processes to CPU 1.
+    #[arg(long)]
+    pin: bool,
+    /// Frontend runtime threads (1 runs a current-thread runtime).
+    #[arg(long, default_value_t = 2)]
+    frontend_threads: u32,
+    /// The peer-arms binary (default: peers/target/release/velo-bench-peers).
+    #[arg(long)]
+    peers_bin: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// (internal) A frontend process of one run.
+    #[command(hide = true)]
+    Frontend(FrontendArgs),
+    /// (internal) A worker process of one run.
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+#[derive(Args)]
+struct FrontendArgs {
+    #[arg(long)]
+    arm: String,
+    #[arg(long, value_delimiter = ',')]
+    workers: Vec<SocketAddr>,
+    #[arg(long)]
+    engines_per_process: u32,
+    #[arg(long)]
+    concurrency: u32,
+    #[arg(long)]
+    isl: u32,
+    #[arg(long)]
+    osl: u32,
+    #[arg(long)]
+    warmup: f64,
+    #[arg(long)]
+    duration: f64,
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    arm: String,
+    #[arg(long)]
+    engines: u32,
+    #[arg(long)]
+    speedup: f64,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.role {
+        Some(Role::Frontend(a)) => frontend_role(a),
+        Some(Role::Worker(a)) => worker_role(a),
+        None => orchestrate(cli.run),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("velo-bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime(threads: u32) -> Result<tokio::runtime::Runtime, String> {
+    let r = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads as usize)
+            .enable_all()
+            .build()
+    };
+    r.map_err(|e| e.to_string())
+}
+
+fn frontend_role(a: FrontendArgs) -> Result<(), String> {
+    if let Some(cpu) = a.cpu {
+        procfs::pin_to_cpu(cpu).map_err(|e| format!("pin to cpu {cpu}: {e}"))?;
+    }
+    let (config, _) = arms::our_config(&a.arm)?;
+    let opts = frontend::FrontendOpts {
+        workers: a.workers,
+        engines_per_process: a.engines_per_process,
+        concurrency: a.concurrency,
+        isl: a.isl,
+        osl: a.osl,
+        warmup: Duration::from_secs_f64(a.warmup),
+        duration: Duration::from_secs_f64(a.duration),
+    };
+    runtime(a.threads)?.block_on(async move {
+        let plane = response_plane::FrontendPlane::bind(config, TaskTracker::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        let report = frontend::run(ours::Frontend(plane), opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!(
+            "RESULT {}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+        Ok(())
+    })
+}
+
+fn worker_role(a: WorkerArgs) -> Result<(), String> {
+    if let Some(cpu) = a.cpu {
+        procfs::pin_to_cpu(cpu).map_err(|e| format!("pin to cpu {cpu}: {e}"))?;
+    }
+    let (config, flush_per_pass) = arms::our_config(&a.arm)?;
+    let opts = worker::WorkerOpts {
+        engines: a.engines,
+        speedup: a.speedup,
+        flush_per_pass,
+    };
+    runtime(1)?.block_on(async move {
+        let plane = response_plane::WorkerPlane::new(config, TaskTracker::new())
+            .map_err(|e| e.to_string())?;
+        worker::run(ours::Worker(plane), opts)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn orchestrate(a: RunArgs) -> Result<(), String> {
+    let arms: Vec<Arm> = arms::select(&a.arms)?;
+    if a.concurrency == 0
+        || a.repeats == 0
+        || a.worker_processes == 0
+        || a.workers == 0
+        || a.osl == 0
+    {
+        return Err(
+            "--concurrency, --repeats, --workers, --worker-processes and --osl must be at least 1"
+                .into(),
+        );
+    }
+    if !(a.duration > 0.0 && a.warmup >= 0.0 && a.speedup > 0.0) {
+        return Err("--duration and --speedup must be positive, --warmup not negative".into());
+    }
+    let log_dir = std::env::temp_dir().join(format!("velo-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
+    let peers_bin = a.peers_bin.clone().or_else(|| {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../peers/target/release/velo-bench-peers");
+        p.exists().then_some(p)
+    });
+    let opts = RunOpts {
+        concurrency: a.concurrency,
+        duration: Duration::from_secs_f64(a.duration),
+        warmup: Duration::from_secs_f64(a.warmup),
+        workers: a.workers,
+        worker_processes: a.worker_processes,
+        isl: a.isl,
+        osl: a.osl,
+        speedup: a.speedup,
+        frontend_threads: a.frontend_threads,
+        pin: a.pin,
+        peers_bin,
+        log_dir: log_dir.clone(),
+    };
+    println!(
+        "velo-bench: concurrency {}, ISL {} / OSL {}, {} engines in {} worker processes, speedup {}, warm-up {} s, window {} s, {} repeat(s), frontend threads {}{}",
+        opts.concurrency,
+        opts.isl,
+        opts.osl,
+        opts.engines_per_process() * opts.worker_processes,
+        opts.worker_processes,
+        opts.speedup,
+        a.warmup,
+        a.duration,
+        a.repeats,
+        opts.frontend_threads,
+        if opts.pin { ", pinned" } else { "" }
+    );
+    let total = u64::from(a.repeats) * arms.len() as u64;
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?,
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut results: Vec<Vec<orchestrate::Run>> = vec![Vec::new(); arms.len()];
+    for repeat in 0..a.repeats {
+        for (i, arm) in arms.iter().enumerate() {
+            bar.set_message(format!(
+                "{} (repeat {}/{})",
+                arm.name,
+                repeat + 1,
+                a.repeats
+            ));
+            let run = orchestrate::run_arm(arm, &opts, repeat)
+                .map_err(|e| format!("arm {}: {e}", arm.name))?;
+            results[i].push(run);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let reports: Vec<ArmReport> = arms
+        .iter()
+        .zip(&results)
+        .map(|(arm, runs)| {
+            let figures: Vec<Figures> = runs.iter().map(Figures::of).collect();
+            ArmReport {
+                arm: arm.name.to_owned(),
+                about: arm.about.to_owned(),
+                median: Figures::median(&figures),
+                runs: figures,
+                error_samples: runs
+                    .iter()
+                    .flat_map(|r| r.report.error_samples.clone())
+                    .take(5)
+                    .collect(),
+            }
+        })
+        .collect();
+    velo_bench::report::print_table(&reports);
+    for r in reports.iter().filter(|r| !r.error_samples.is_empty()) {
+        eprintln!("{} errors, e.g.: {}", r.arm, r.error_samples.join(" | "));
+    }
+    if let Some(path) = &a.json {
+        let config = serde_json::json!({
+            "concurrency": opts.concurrency, "duration_s": a.duration, "warmup_s": a.warmup,
+            "workers": opts.engines_per_process() * opts.worker_processes, "worker_processes": opts.worker_processes,
+            "isl": opts.isl, "osl": opts.osl, "speedup": opts.speedup, "repeats": a.repeats,
+            "frontend_threads": opts.frontend_threads, "pin": opts.pin,
+            "arms": arms.iter().map(|a| a.name).collect::<Vec<_>>(),
+        });
+        let arms_json: Vec<serde_json::Value> = reports
+            .iter()
+            .map(|r| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("config".into(), config.clone());
+                }
+                v
+            })
+            .collect();
+        let doc = serde_json::json!({ "config": config, "arms": arms_json });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &a.plots {
+        let curves: Vec<plots::Curves<'_>> = arms
+            .iter()
+            .zip(&results)
+            .filter_map(|(arm, runs)| {
+                let r = &runs.first()?.report;
+                Some(plots::Curves {
+                    arm: arm.name,
+                    ttft: &r.ttft_cdf,
+                    itl: &r.itl_cdf,
+                    tokens: &r.tokens_series,
+                })
+            })
+            .collect();
+        plots::write(dir, &curves)?;
+    }
+    let _ = std::fs::remove_dir_all(&log_dir);
+    Ok(())
 }

@@ -1,0 +1,22 @@
+//! The velo-rs benchmark: a mock LLM serving fleet (Dynamo's mocker timing model), a
+//! closed-loop load, and a side-by-side report of response planes.
+//!
+//! The binary runs as an orchestrator that spawns, for every run of every arm, fresh frontend
+//! and worker processes of itself (hidden `frontend` and `worker` roles), so that CPU time is
+//! attributed per process from `/proc/<pid>/stat` and nothing carries over between runs.
+//! The roles are generic over the [`adapter`] traits, so the peer arms (`peers/`) reuse the
+//! same fleet, load and measurement with Dynamo's planes and the published Velo.
+
+#![allow(clippy::cast_precision_loss)] // figures are reported as f64; counts stay far below 2^52
+
+pub mod adapter;
+pub mod arms;
+pub mod frontend;
+pub mod item;
+pub mod mocker;
+pub mod orchestrate;
+pub mod plots;
+pub mod procfs;
+pub mod report;
+pub mod reqplane;
+pub mod worker;

@@ -1,0 +1,104 @@
+//! The harness itself: every arm this build has runs for a moment at tiny concurrency, and the
+//! JSON report has every key, delivered tokens, and no errors. Not a timed test.
+
+use std::process::Command;
+
+const KEYS: [&str; 13] = [
+    "arm",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "frontend_cpu_ms_per_request",
+    "frontend_cpu_us_per_token",
+    "tx_segments_per_token",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "latency_p99_ms",
+    "itl_mean_p99_ms",
+    "errors",
+    "requests",
+    "worker_cpu_us_per_token",
+];
+
+#[test]
+fn every_arm_runs_and_reports_every_key() {
+    let dir = std::env::temp_dir().join(format!("velo-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("report.json");
+    let plots = dir.join("plots");
+    let out = Command::new(env!("CARGO_BIN_EXE_velo-bench"))
+        .args([
+            "--arms",
+            "all",
+            "--concurrency",
+            "4",
+            "--duration",
+            "1.5",
+            "--warmup",
+            "0.5",
+            "--repeats",
+            "1",
+        ])
+        .args([
+            "--workers",
+            "2",
+            "--worker-processes",
+            "1",
+            "--osl",
+            "16",
+            "--isl",
+            "64",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--plots")
+        .arg(&plots)
+        .output()
+        .expect("run velo-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "velo-bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let arms = doc["arms"].as_array().expect("an arms array");
+    let expected = if cfg!(feature = "ucx") { 5 } else { 4 };
+    assert!(arms.len() >= expected, "{} arms in {doc}", arms.len());
+    for arm in arms {
+        let name = arm["arm"].as_str().unwrap_or("?");
+        for key in KEYS {
+            assert!(!arm[key].is_null(), "{name}: missing {key}");
+        }
+        assert!(
+            arm["output_tokens_per_s"].as_f64().unwrap() > 0.0,
+            "{name}: no tokens"
+        );
+        assert!(
+            arm["requests"].as_f64().unwrap() > 0.0,
+            "{name}: no requests"
+        );
+        assert_eq!(
+            arm["errors"].as_f64(),
+            Some(0.0),
+            "{name}: errors {:?}",
+            arm["error_samples"]
+        );
+        assert!(
+            arm["config"]["concurrency"].as_u64() == Some(4),
+            "{name}: configuration recorded"
+        );
+        assert!(
+            stdout.contains(&format!("| {name} |")),
+            "{name} is in the table"
+        );
+    }
+    for svg in ["ttft_cdf.svg", "itl_cdf.svg", "tokens_per_s.svg"] {
+        let text = std::fs::read_to_string(plots.join(svg)).unwrap_or_default();
+        assert!(
+            text.contains("<svg") && text.contains("polyline"),
+            "{svg} has curves"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
