@@ -1,1 +1,75 @@
-//! Shared response-plane service, env config, metrics, startup and bounded shutdown
+//! What a serving runtime embeds: one response-plane service per process, configured from the
+//! environment (with command-line overrides), with OpenTelemetry metrics on a Prometheus
+//! endpoint and a bounded shutdown.
+//!
+//! # Layer contract
+//!
+//! The top library layer: it is the only crate that picks transport features (`tcp`, `ucx`)
+//! and the only one that touches a metrics crate. Its tasks (the metrics endpoint, the
+//! teardown) are tracked and bounded; shutdown never hangs.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), runtime_glue::StartupError> {
+//! use runtime_glue::{ResponseService, Roles, ServiceConfig};
+//!
+//! // At startup, before any endpoint registers: a bad setting or a broken transport fails here.
+//! let service = ResponseService::start(ServiceConfig::from_env(Roles::WORKER)?).await?;
+//! // ... serve requests with service.connect(&info) ...
+//! let report = service.shutdown().await;
+//! println!("shutdown: {}", report.outcome());
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod http;
+mod metrics;
+mod service;
+pub mod shutdown;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use config::{
+    DEFAULT_GRACE, DEFAULT_TEARDOWN_TIMEOUT, ENV_GRACE_MS, ENV_METRICS_ADDR, ENV_TEARDOWN_MS,
+    Roles, ServiceArgs, ServiceConfig,
+};
+pub use metrics::SETUP_SECONDS_BOUNDARIES;
+pub use service::{ResponseService, ServicePending, ServiceSender, ServiceStream};
+pub use shutdown::{ShutdownReport, TeardownOutcome};
+
+/// Why the service could not start. Each variant names its cause.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartupError {
+    /// A response-plane setting is invalid (including `ucx` in a build without it).
+    #[error(transparent)]
+    Config(#[from] response_plane::ConfigError),
+    /// One of the runtime's own settings is invalid.
+    #[error("invalid {var}={value:?}: {allowed}")]
+    InvalidEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
+    /// The plane could not start: listener bind failure, transport missing from this build,
+    /// transport initialisation failure.
+    #[error(transparent)]
+    Plane(#[from] response_plane::StartError),
+    /// The metrics endpoint could not listen.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The telemetry pipeline could not be built.
+    #[error("cannot set up metrics: {0}")]
+    Telemetry(String),
+}

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 use velo_mux::{LaneId, LaneState, Mux, MuxEvent, MuxStats, StreamKey};
 use velo_wire::{Hello, InstanceId, Token};
 
@@ -189,8 +190,11 @@ impl Peer {
         self.inner.alive.store(true, Ordering::Release);
         self.inner.pumps.fetch_add(2, Ordering::AcqRel);
         let LaneIo { read, write } = io;
-        tracker.spawn(pump::run_writer(self.clone(), lane, write));
-        tracker.spawn(pump::run_reader(self.clone(), lane, read, read_buffer));
+        // One span per lane covers its whole life; records are never logged one by one.
+        let span = tracing::debug_span!("lane", peer = %self.inner.instance, lane = lane.0);
+        tracing::debug!(parent: &span, "lane up");
+        tracker.spawn(pump::run_writer(self.clone(), lane, write).instrument(span.clone()));
+        tracker.spawn(pump::run_reader(self.clone(), lane, read, read_buffer).instrument(span));
     }
 
     /// A pump of this peer ended; the last one marks the peer done.

@@ -99,6 +99,7 @@ pub(crate) async fn run_writer(peer: Peer, lane: LaneId, mut write: Box<dyn Lane
         tracing::debug!(%lane, error = %e, "closing the lane's transport failed");
     }
     ctl.token.cancel();
+    tracing::debug!("lane down");
     peer.pump_ended();
 }
 
