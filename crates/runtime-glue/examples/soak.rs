@@ -244,9 +244,8 @@ async fn one_stream(service: &ResponseService, counts: &Counts, fate: Fate, item
         }
     };
     let consumer = async {
-        let mut rx = match pending.established().await {
-            Ok(rx) => rx,
-            Err(_) => return false,
+        let Ok(mut rx) = pending.established().await else {
+            return false;
         };
         let mut seen = 0u64;
         loop {
