@@ -85,6 +85,10 @@ impl Iterator for Records<'_> {
         if self.failed || self.pos >= self.body.len() {
             return None;
         }
+        // Nearly every record is a DATA record with small fields: decode those inline.
+        if let Some(r) = crate::record::decode_data_fast(self.body, &mut self.pos) {
+            return Some(Ok(r));
+        }
         let r = Record::decode(self.body, &mut self.pos);
         self.failed = r.is_err();
         Some(r)
