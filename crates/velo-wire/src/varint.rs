@@ -74,11 +74,13 @@ pub(crate) fn get(
     }
     // Two bytes (values 128..16384: slot ids and lengths of busy connections). A zero second
     // byte would be non-canonical: the slow path rejects it.
-    if let Some(&second) = src.get(*pos + 1) {
-        if second < 0x80 && second != 0 && bits >= 14 {
-            *pos += 2;
-            return Ok(Some(u64::from(first & 0x7f) | (u64::from(second) << 7)));
-        }
+    if let Some(&second) = src.get(*pos + 1)
+        && second < 0x80
+        && second != 0
+        && bits >= 14
+    {
+        *pos += 2;
+        return Ok(Some(u64::from(first & 0x7f) | (u64::from(second) << 7)));
     }
     get_slow(src, pos, bits, field)
 }
