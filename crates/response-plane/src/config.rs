@@ -93,6 +93,14 @@ pub struct ResponsePlaneConfig {
     pub window: u32,
     /// Silence after which a lane is declared dead (velo).
     pub idle_timeout: Duration,
+    /// UCX transports for the velo plane over UCX (`UCX_TLS` syntax, such as `tcp`), applied
+    /// to the plane's own UCX context; `None` keeps UCX's setting (its `UCX_TLS` environment
+    /// variable, or every transport). Not read from the environment by this crate: UCX reads
+    /// `UCX_TLS` itself.
+    pub ucx_tls: Option<String>,
+    /// UCX devices for the velo plane over UCX (`UCX_NET_DEVICES` syntax, such as `lo`),
+    /// applied like [`ucx_tls`](Self::ucx_tls).
+    pub ucx_net_devices: Option<String>,
 }
 
 impl Default for ResponsePlaneConfig {
@@ -107,6 +115,8 @@ impl Default for ResponsePlaneConfig {
             lanes: velo_mux::DEFAULT_LANES,
             window: velo_mux::DEFAULT_WINDOW,
             idle_timeout: velo_mux::DEFAULT_IDLE_TIMEOUT,
+            ucx_tls: None,
+            ucx_net_devices: None,
         }
     }
 }

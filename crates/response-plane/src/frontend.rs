@@ -50,6 +50,8 @@ enum Transport {
     Classic(ClassicFrontend),
     #[cfg(feature = "tcp")]
     VeloTcp(velo_tcp::TcpFrontend),
+    #[cfg(feature = "ucx")]
+    VeloUcx(velo_ucx::UcxFrontend),
 }
 
 impl FrontendPlane {
@@ -107,6 +109,31 @@ impl FrontendPlane {
                     "velo over tcp needs the `tcp` feature",
                 ));
             }
+            #[cfg(feature = "ucx")]
+            (Plane::Velo, crate::VeloTransport::Ucx) => {
+                let acceptor = Arc::new(crate::velo::RegistryAcceptor {
+                    registry: registry.clone(),
+                    refused: refused.clone(),
+                });
+                let f = velo_ucx::UcxFrontend::bind(
+                    bind,
+                    crate::mux_config(&config, velo_mux::Side::Frontend)?,
+                    ucx_config(&config),
+                    acceptor,
+                    tracker,
+                )
+                .await
+                .map_err(|e| match e {
+                    velo_ucx::UcxError::Listen { .. } => bind_err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        e.to_string(),
+                    )),
+                    e => StartError::Transport(e.to_string()),
+                })?;
+                let (local, id) = (f.local_addr(), f.instance());
+                (Transport::VeloUcx(f), local, id)
+            }
+            #[cfg(not(feature = "ucx"))]
             (Plane::Velo, crate::VeloTransport::Ucx) => {
                 return Err(StartError::NotCompiled(
                     "velo over ucx needs the `ucx` feature",
@@ -155,6 +182,8 @@ impl FrontendPlane {
             Transport::Classic(_) => info::CLASSIC,
             #[cfg(feature = "tcp")]
             Transport::VeloTcp(_) => info::VELO_TCP,
+            #[cfg(feature = "ucx")]
+            Transport::VeloUcx(_) => info::VELO_UCX,
         };
         let pending = PendingResponse {
             plane: self.inner.clone(),
@@ -201,6 +230,8 @@ impl FrontendPlane {
             Transport::Classic(f) => s.streams_refused += f.refused.load(Ordering::Relaxed),
             #[cfg(feature = "tcp")]
             Transport::VeloTcp(f) => s.add_velo(&f.endpoint().stats(), &f.stats()),
+            #[cfg(feature = "ucx")]
+            Transport::VeloUcx(f) => s.add_velo_ucx(&f.endpoint().stats(), &f.stats()),
         }
         s
     }
@@ -214,6 +245,8 @@ impl FrontendPlane {
             Transport::Classic(f) => f.shutdown().await,
             #[cfg(feature = "tcp")]
             Transport::VeloTcp(f) => f.shutdown().await,
+            #[cfg(feature = "ucx")]
+            Transport::VeloUcx(f) => f.shutdown().await,
         }
     }
 
@@ -224,12 +257,20 @@ impl FrontendPlane {
         if let Transport::VeloTcp(f) = &self.inner.transport {
             f.abort();
         }
+        #[cfg(feature = "ucx")]
+        if let Transport::VeloUcx(f) = &self.inner.transport {
+            f.abort();
+        }
     }
 
     /// Tells every worker this frontend takes no new streams; open ones finish.
     pub fn go_away(&self) {
         #[cfg(feature = "tcp")]
         if let Transport::VeloTcp(f) = &self.inner.transport {
+            f.endpoint().go_away();
+        }
+        #[cfg(feature = "ucx")]
+        if let Transport::VeloUcx(f) = &self.inner.transport {
             f.endpoint().go_away();
         }
     }
@@ -239,6 +280,17 @@ impl FrontendPlane {
 fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
     let _ = c;
     velo_tcp::TcpConfig::default()
+}
+
+/// The UCX settings of the plane: UCX's defaults, with the transports and devices the
+/// configuration names.
+#[cfg(feature = "ucx")]
+pub(crate) fn ucx_config(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfig {
+    velo_ucx::UcxConfig {
+        tls: c.ucx_tls.clone(),
+        net_devices: c.ucx_net_devices.clone(),
+        ..velo_ucx::UcxConfig::default()
+    }
 }
 
 /// This host's routable address: the one the OS would use to reach the outside world (a

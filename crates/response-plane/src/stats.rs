@@ -74,6 +74,12 @@ impl PlaneStats {
         self.handshake_failures += t.handshake_failures + t.handshake_timeouts + t.dial_failures;
     }
 
+    #[cfg(feature = "ucx")]
+    pub(crate) fn add_velo_ucx(&mut self, m: &velo_mux::MuxStats, t: &velo_ucx::UcxStats) {
+        self.add_mux(m);
+        self.handshake_failures += t.handshake_failures + t.handshake_timeouts + t.dial_failures;
+    }
+
     pub(crate) fn add_mux(&mut self, m: &velo_mux::MuxStats) {
         self.cancellations += m.remote_cancellations;
         self.streams_opened += m.streams_opened;

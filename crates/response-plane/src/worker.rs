@@ -31,6 +31,8 @@ struct Inner {
     /// on another plane its mismatch error.
     #[cfg(feature = "tcp")]
     velo_tcp: OnceLock<Result<velo_tcp::TcpWorker, StartError>>,
+    #[cfg(feature = "ucx")]
+    velo_ucx: OnceLock<Result<velo_ucx::UcxWorker, StartError>>,
     classic_cancellations: Arc<AtomicU64>,
     setup_failures: AtomicU64,
     opened: AtomicU64,
@@ -49,6 +51,8 @@ impl WorkerPlane {
                 tracker,
                 #[cfg(feature = "tcp")]
                 velo_tcp: OnceLock::new(),
+                #[cfg(feature = "ucx")]
+                velo_ucx: OnceLock::new(),
                 classic_cancellations: Arc::new(AtomicU64::new(0)),
                 setup_failures: AtomicU64::new(0),
                 opened: AtomicU64::new(0),
@@ -163,7 +167,15 @@ impl WorkerPlane {
                 .map_err(|e| ResponseError::Unreachable {
                     reason: e.to_string(),
                 }),
-            #[cfg(not(feature = "tcp"))]
+            #[cfg(feature = "ucx")]
+            VeloWorker::Ucx(w) => w
+                .endpoint()
+                .peer(address.addr, instance)
+                .await
+                .map_err(|e| ResponseError::Unreachable {
+                    reason: e.to_string(),
+                }),
+            #[cfg(not(any(feature = "tcp", feature = "ucx")))]
             VeloWorker::Never(never, _) => {
                 let _ = (instance, address);
                 match never {}
@@ -192,6 +204,23 @@ impl WorkerPlane {
             crate::VeloTransport::Tcp => Err(StartError::NotCompiled(
                 "velo over tcp needs the `tcp` feature",
             )),
+            #[cfg(feature = "ucx")]
+            crate::VeloTransport::Ucx => {
+                let w = self.inner.velo_ucx.get_or_init(|| {
+                    let mux = crate::mux_config(&self.inner.config, velo_mux::Side::Worker)?;
+                    velo_ucx::UcxWorker::new(
+                        mux,
+                        crate::frontend::ucx_config(&self.inner.config),
+                        self.inner.tracker.clone(),
+                    )
+                    .map_err(|e| StartError::Transport(e.to_string()))
+                });
+                match w {
+                    Ok(w) => Ok(VeloWorker::Ucx(w)),
+                    Err(e) => Err(e.clone()),
+                }
+            }
+            #[cfg(not(feature = "ucx"))]
             crate::VeloTransport::Ucx => Err(StartError::NotCompiled(
                 "velo over ucx needs the `ucx` feature",
             )),
@@ -203,6 +232,10 @@ impl WorkerPlane {
     pub fn flush(&self) {
         #[cfg(feature = "tcp")]
         if let Some(Ok(w)) = self.inner.velo_tcp.get() {
+            w.endpoint().flush();
+        }
+        #[cfg(feature = "ucx")]
+        if let Some(Ok(w)) = self.inner.velo_ucx.get() {
             w.endpoint().flush();
         }
     }
@@ -228,6 +261,14 @@ impl WorkerPlane {
             }
             s.add_velo(&mux, &w.stats());
         }
+        #[cfg(feature = "ucx")]
+        if let Some(Ok(w)) = self.inner.velo_ucx.get() {
+            let mut mux = velo_mux::MuxStats::default();
+            for p in w.endpoint().peers() {
+                velo_session::add_stats(&mut mux, &p.stats());
+            }
+            s.add_velo_ucx(&mux, &w.stats());
+        }
         let _ = s;
     }
 
@@ -237,6 +278,10 @@ impl WorkerPlane {
         if let Some(Ok(w)) = self.inner.velo_tcp.get() {
             w.endpoint().close();
         }
+        #[cfg(feature = "ucx")]
+        if let Some(Ok(w)) = self.inner.velo_ucx.get() {
+            w.close();
+        }
     }
 
     /// Stops every connection at once.
@@ -245,14 +290,20 @@ impl WorkerPlane {
         if let Some(Ok(w)) = self.inner.velo_tcp.get() {
             w.endpoint().abort();
         }
+        #[cfg(feature = "ucx")]
+        if let Some(Ok(w)) = self.inner.velo_ucx.get() {
+            w.abort();
+        }
     }
 }
 
 enum VeloWorker<'a> {
     #[cfg(feature = "tcp")]
     Tcp(&'a velo_tcp::TcpWorker),
+    #[cfg(feature = "ucx")]
+    Ucx(&'a velo_ucx::UcxWorker),
     /// No velo transport is compiled in: this variant cannot be built.
-    #[cfg(not(feature = "tcp"))]
+    #[cfg(not(any(feature = "tcp", feature = "ucx")))]
     Never(std::convert::Infallible, PhantomData<&'a ()>),
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use response_plane::{
     Codec, ConnectionInfo, FrontendPlane, Plane, RegisterOptions, ResponseError,
-    ResponsePlaneConfig, TypedError, WorkerPlane,
+    ResponsePlaneConfig, TypedError, VeloTransport, WorkerPlane,
 };
 use serde::{Deserialize, Serialize};
 use tokio_util::task::TaskTracker;
@@ -36,14 +36,65 @@ async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: not done within {BOUND:?}"))
 }
 
-fn config(plane: Plane) -> ResponsePlaneConfig {
+/// A plane and, for the velo plane, its transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Under {
+    plane: Plane,
+    transport: VeloTransport,
+}
+
+const CLASSIC: Under = Under {
+    plane: Plane::Tcp,
+    transport: VeloTransport::Tcp,
+};
+#[cfg(feature = "tcp")]
+const VELO_TCP: Under = Under {
+    plane: Plane::Velo,
+    transport: VeloTransport::Tcp,
+};
+#[cfg(feature = "ucx")]
+const VELO_UCX: Under = Under {
+    plane: Plane::Velo,
+    transport: VeloTransport::Ucx,
+};
+
+impl Under {
+    /// A name for files and the helper process.
+    fn label(self) -> String {
+        match self.plane {
+            Plane::Tcp => "tcp".to_owned(),
+            Plane::Velo => format!("velo-{}", self.transport.name()),
+        }
+    }
+
+    fn from_label(label: &str) -> Self {
+        let transport = match label {
+            "velo-ucx" => VeloTransport::Ucx,
+            _ => VeloTransport::Tcp,
+        };
+        let plane = if label.starts_with("velo") {
+            Plane::Velo
+        } else {
+            Plane::Tcp
+        };
+        Self { plane, transport }
+    }
+}
+
+fn config(under: Under) -> ResponsePlaneConfig {
     let mut c = ResponsePlaneConfig::from_lookup(|var| match var {
-        "DYN_RESPONSE_PLANE" => Some(plane.name().to_owned()),
+        "DYN_RESPONSE_PLANE" => Some(under.plane.name().to_owned()),
+        "DYN_VELO_RESPONSE_TRANSPORT" => Some(under.transport.name().to_owned()),
         "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".to_owned()),
         _ => None,
     })
     .unwrap();
     c.idle_timeout = Duration::from_secs(10);
+    if under.transport == VeloTransport::Ucx {
+        // Loopback only, whatever the environment says: UCX_TLS=tcp, UCX_NET_DEVICES=lo.
+        c.ucx_tls = Some("tcp".to_owned());
+        c.ucx_net_devices = Some("lo".to_owned());
+    }
     c
 }
 
@@ -53,7 +104,7 @@ struct Setup {
     _tracker: TaskTracker,
 }
 
-async fn setup(plane: Plane) -> Setup {
+async fn setup(plane: Under) -> Setup {
     let tracker = TaskTracker::new();
     let frontend = FrontendPlane::bind(config(plane), tracker.clone())
         .await
@@ -72,7 +123,7 @@ fn register(s: &Setup) -> (ConnectionInfo, response_plane::PendingResponse<Token
         .unwrap()
 }
 
-async fn prologue_ok_items_arrive_in_order_then_a_clean_end(plane: Plane) {
+async fn prologue_ok_items_arrive_in_order_then_a_clean_end(plane: Under) {
     let s = setup(plane).await;
     for codec in [Codec::Msgpack, Codec::Json] {
         let (info, pending) = s
@@ -110,7 +161,7 @@ fn info_is_small(s: &Setup) -> bool {
     json.len() < 512 && json.len() < 128 * 1024
 }
 
-async fn an_error_prologue_is_cannot_connect_with_the_typed_cause(plane: Plane) {
+async fn an_error_prologue_is_cannot_connect_with_the_typed_cause(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -137,7 +188,7 @@ async fn an_error_prologue_is_cannot_connect_with_the_typed_cause(plane: Plane) 
     ));
 }
 
-async fn the_prologue_is_sent_exactly_once_and_first(plane: Plane) {
+async fn the_prologue_is_sent_exactly_once_and_first(plane: Under) {
     let s = setup(plane).await;
     let (info, _pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -154,7 +205,7 @@ async fn the_prologue_is_sent_exactly_once_and_first(plane: Plane) {
     ));
 }
 
-async fn stop_is_graceful_and_the_stream_ends_quietly(plane: Plane) {
+async fn stop_is_graceful_and_the_stream_ends_quietly(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -177,7 +228,7 @@ async fn stop_is_graceful_and_the_stream_ends_quietly(plane: Plane) {
     assert_eq!(within("quiet end", rx.next()).await, None);
 }
 
-async fn a_stop_answered_by_dropping_the_sender_still_ends_quietly(plane: Plane) {
+async fn a_stop_answered_by_dropping_the_sender_still_ends_quietly(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -194,7 +245,7 @@ async fn a_stop_answered_by_dropping_the_sender_still_ends_quietly(plane: Plane)
     assert_eq!(within("quiet end", rx.next()).await, None);
 }
 
-async fn kill_reaches_the_engine_and_further_sends_fail(plane: Plane) {
+async fn kill_reaches_the_engine_and_further_sends_fail(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -223,7 +274,7 @@ async fn kill_reaches_the_engine_and_further_sends_fail(plane: Plane) {
     );
 }
 
-async fn dropping_the_receiver_kills_the_stream(plane: Plane) {
+async fn dropping_the_receiver_kills_the_stream(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -237,7 +288,7 @@ async fn dropping_the_receiver_kills_the_stream(plane: Plane) {
     within("the engine sees the kill", ctx.killed()).await;
 }
 
-async fn dropping_the_sender_without_finish_is_an_abnormal_end(plane: Plane) {
+async fn dropping_the_sender_without_finish_is_an_abnormal_end(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -261,7 +312,7 @@ async fn dropping_the_sender_without_finish_is_an_abnormal_end(plane: Plane) {
     assert_eq!(within("then nothing", rx.next()).await, None);
 }
 
-async fn a_worker_process_gone_mid_stream_is_disconnected(plane: Plane) {
+async fn a_worker_process_gone_mid_stream_is_disconnected(plane: Under) {
     let tracker = TaskTracker::new();
     let frontend = FrontendPlane::bind(config(plane), tracker.clone())
         .await
@@ -295,7 +346,7 @@ async fn a_worker_process_gone_mid_stream_is_disconnected(plane: Plane) {
     assert!(matches!(err, ResponseError::Disconnected { .. }), "{err}");
 }
 
-async fn a_one_mib_item_arrives_intact(plane: Plane) {
+async fn a_one_mib_item_arrives_intact(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     let mut tx = within("connect", s.worker.connect::<Token>(&info))
@@ -322,7 +373,7 @@ const HELPER_PLANE: &str = "VELO_CONTRACT_WORKER_PLANE";
 const HELPER_INFOS: &str = "VELO_CONTRACT_WORKER_INFOS";
 const HELPER_ITEMS: u32 = 5;
 
-async fn ten_thousand_concurrent_streams_all_complete(plane: Plane) {
+async fn ten_thousand_concurrent_streams_all_complete(plane: Under) {
     const STREAMS: u32 = 10_000;
     // The worker runs in a process of its own (this test binary, re-run as the helper test):
     // as in production, and so each process holds one end of each classic connection.
@@ -347,7 +398,7 @@ async fn ten_thousand_concurrent_streams_all_complete(plane: Plane) {
     }
     let path = std::env::temp_dir().join(format!(
         "velo-contract-{}-{}.jsonl",
-        plane.name(),
+        plane.label(),
         std::process::id()
     ));
     std::fs::write(&path, infos).unwrap();
@@ -358,7 +409,7 @@ async fn ten_thousand_concurrent_streams_all_complete(plane: Plane) {
             "--include-ignored",
             "--nocapture",
         ])
-        .env(HELPER_PLANE, plane.name())
+        .env(HELPER_PLANE, plane.label())
         .env(HELPER_INFOS, &path)
         .spawn()
         .expect("spawn the worker process");
@@ -387,11 +438,7 @@ fn worker_process_helper() {
     let (Ok(plane), Ok(path)) = (std::env::var(HELPER_PLANE), std::env::var(HELPER_INFOS)) else {
         return;
     };
-    let plane = if plane == "velo" {
-        Plane::Velo
-    } else {
-        Plane::Tcp
-    };
+    let plane = Under::from_label(&plane);
     raise_fd_limit(11_000);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -466,7 +513,7 @@ fn raise_fd_limit(needed: u64) {
     );
 }
 
-async fn a_kill_racing_setup_still_reaches_the_engine(plane: Plane) {
+async fn a_kill_racing_setup_still_reaches_the_engine(plane: Under) {
     let s = setup(plane).await;
     let (info, pending) = register(&s);
     // The frontend gives up before the worker has even answered.
@@ -487,16 +534,23 @@ async fn a_kill_racing_setup_still_reaches_the_engine(plane: Plane) {
     assert_eq!(s.frontend.pending(), 0);
 }
 
-async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Plane) {
-    let other = match plane {
-        Plane::Tcp => Plane::Velo,
-        Plane::Velo => Plane::Tcp,
+async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Under) {
+    let other = match plane.plane {
+        Plane::Tcp => Under {
+            plane: Plane::Velo,
+            transport: if cfg!(all(feature = "ucx", not(feature = "tcp"))) {
+                VeloTransport::Ucx
+            } else {
+                VeloTransport::Tcp
+            },
+        },
+        Plane::Velo => CLASSIC,
     };
     let tracker = TaskTracker::new();
     let frontend = FrontendPlane::bind(config(plane), tracker.clone())
         .await
         .unwrap();
-    if other == Plane::Velo && !cfg!(feature = "tcp") {
+    if other.plane == Plane::Velo && !cfg!(any(feature = "tcp", feature = "ucx")) {
         // Without a velo transport, a velo worker is a startup error, not a silent fallback.
         let err = WorkerPlane::new(config(other), tracker.clone()).unwrap_err();
         assert!(err.to_string().contains("rebuild"), "{err}");
@@ -511,8 +565,8 @@ async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Plane) {
         .unwrap_err();
     let msg = format!(
         "response plane mismatch: frontend requested {}, worker configured {}",
-        plane.name(),
-        other.name()
+        plane.plane.name(),
+        other.plane.name()
     );
     assert_eq!(err.to_string(), msg);
     let seen = within("frontend sees it", pending.established())
@@ -528,7 +582,7 @@ async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Plane) {
     assert_eq!(worker.stats().stream_setup_failures, 1);
 }
 
-async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: Plane) {
+async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: Under) {
     let s = setup(plane).await;
     let after = Duration::from_millis(200);
     let (_info, pending) = s
@@ -544,7 +598,7 @@ async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: 
     assert_eq!(s.frontend.pending(), 0);
 }
 
-async fn dropping_a_pending_handle_removes_all_state(plane: Plane) {
+async fn dropping_a_pending_handle_removes_all_state(plane: Under) {
     let s = setup(plane).await;
     let handles: Vec<_> = (0..100).map(|_| register(&s)).collect();
     assert_eq!(s.frontend.pending(), 100);
@@ -552,7 +606,7 @@ async fn dropping_a_pending_handle_removes_all_state(plane: Plane) {
     assert_eq!(s.frontend.pending(), 0);
 }
 
-async fn registrations_after_shutdown_fail_cleanly(plane: Plane) {
+async fn registrations_after_shutdown_fail_cleanly(plane: Under) {
     let s = setup(plane).await;
     let (_info, pending) = register(&s);
     within("shutdown", s.frontend.shutdown()).await;
@@ -570,7 +624,7 @@ async fn registrations_after_shutdown_fail_cleanly(plane: Plane) {
     );
 }
 
-async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(plane: Plane) {
+async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(plane: Under) {
     let s = setup(plane).await;
     let (_i1, p1) = register(&s);
     let (_i2, p2) = register(&s);
@@ -628,15 +682,17 @@ macro_rules! contract {
     )*};
 }
 
-contract!(classic_tcp => Plane::Tcp);
+contract!(classic_tcp => CLASSIC);
 #[cfg(feature = "tcp")]
-contract!(velo_tcp => Plane::Velo);
+contract!(velo_tcp => VELO_TCP);
+#[cfg(feature = "ucx")]
+contract!(velo_ucx => VELO_UCX);
 
 /// The classic plane by hand: a worker that sends an item after its final one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classic_data_after_the_final_item_is_an_error() {
     use tokio::io::AsyncWriteExt;
-    let s = setup(Plane::Tcp).await;
+    let s = setup(CLASSIC).await;
     let (info, pending) = register(&s);
     let address: serde_json::Value = serde_json::from_str(&info.info).unwrap();
     let mut raw = tokio::net::TcpStream::connect(address["addr"].as_str().unwrap())
@@ -670,4 +726,29 @@ async fn classic_data_after_the_final_item_is_an_error() {
         }
     );
     assert!(err.is_remote());
+}
+
+/// Selecting UCX when UCX cannot start is a startup error that says so, on both sides.
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_that_cannot_initialise_is_a_startup_error() {
+    let mut c = config(VELO_UCX);
+    c.ucx_tls = Some("sm,self".to_owned()); // no network transport: no lane could connect
+    let tracker = TaskTracker::new();
+    let err = FrontendPlane::bind(c.clone(), tracker.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, response_plane::StartError::Transport(_)),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("UCX initialisation failed"),
+        "{err}"
+    );
+    let err = WorkerPlane::new(c, tracker).unwrap_err();
+    assert!(
+        err.to_string().contains("UCX initialisation failed"),
+        "{err}"
+    );
 }

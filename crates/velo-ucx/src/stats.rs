@@ -1,0 +1,87 @@
+//! The transport's own counters (the mux counts records, batches and streams).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    pub(crate) fn inc(&self) {
+        self.add(1);
+    }
+    pub(crate) fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) connections_accepted: Counter,
+    pub(crate) connections_refused: Counter,
+    pub(crate) handshake_failures: Counter,
+    pub(crate) handshake_timeouts: Counter,
+    pub(crate) lanes_accepted: Counter,
+    pub(crate) lanes_dialed: Counter,
+    pub(crate) dial_failures: Counter,
+    pub(crate) endpoint_errors: Counter,
+    pub(crate) messages_sent: Counter,
+    pub(crate) messages_received: Counter,
+    pub(crate) rendezvous_received: Counter,
+    pub(crate) reordered: Counter,
+    pub(crate) wakeups: Counter,
+}
+
+/// Counters of a UCX frontend or worker since it started.
+#[non_exhaustive]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UcxStats {
+    /// UCX connection requests accepted by the listener (frontend).
+    pub connections_accepted: u64,
+    /// Connection requests refused at the lane limit or with a full accept queue (frontend).
+    pub connections_refused: u64,
+    /// Lanes closed because their handshake was invalid, refused or cut short (frontend).
+    pub handshake_failures: u64,
+    /// Lanes closed because they sent no handshake in time (frontend).
+    pub handshake_timeouts: u64,
+    /// Lanes that completed their handshake (frontend).
+    pub lanes_accepted: u64,
+    /// Lanes dialed and handshaken (worker).
+    pub lanes_dialed: u64,
+    /// Lane dials that failed (worker).
+    pub dial_failures: u64,
+    /// UCX endpoint errors (peer gone, connection reset, unreachable): each fails its lane.
+    pub endpoint_errors: u64,
+    /// Active messages sent.
+    pub messages_sent: u64,
+    /// Active messages received.
+    pub messages_received: u64,
+    /// Received messages that came by rendezvous (payload fetched after the handler).
+    pub rendezvous_received: u64,
+    /// Received messages whose bytes had to wait for an earlier rendezvous payload.
+    pub reordered: u64,
+    /// Times the progress engine slept on the UCX event fd and was woken.
+    pub wakeups: u64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> UcxStats {
+        UcxStats {
+            connections_accepted: self.connections_accepted.get(),
+            connections_refused: self.connections_refused.get(),
+            handshake_failures: self.handshake_failures.get(),
+            handshake_timeouts: self.handshake_timeouts.get(),
+            lanes_accepted: self.lanes_accepted.get(),
+            lanes_dialed: self.lanes_dialed.get(),
+            dial_failures: self.dial_failures.get(),
+            endpoint_errors: self.endpoint_errors.get(),
+            messages_sent: self.messages_sent.get(),
+            messages_received: self.messages_received.get(),
+            rendezvous_received: self.rendezvous_received.get(),
+            reordered: self.reordered.get(),
+            wakeups: self.wakeups.get(),
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Scenarios that need a process of their own: a worker process killed mid-stream, and a
+//! frontend restarted on the same port. The test binary re-runs itself as the helper process
+//! (an ignored test that does nothing unless started by its parent). Every wait is bounded.
+
+#![cfg(feature = "ucx")]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use tokio_util::task::TaskTracker;
+use velo_mux::StreamEnd;
+use velo_session::{ConnectError, OpenStreamError};
+use velo_wire::{CloseCode, InstanceId, Token};
+
+const PROLOGUE: &[u8] = br#"{"error":null}"#;
+/// Selects what the helper process does.
+const HELPER: &str = "VELO_UCX_TEST_HELPER";
+/// The frontend the helper worker streams to: `addr instance`.
+const HELPER_TARGET: &str = "VELO_UCX_TEST_TARGET";
+/// Streams the helper worker opens.
+const STREAMS: u64 = 8;
+
+/// Runs this test binary's ignored test `name` as a child process with `env`.
+fn helper(name: &str, env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--include-ignored", "--nocapture"])
+        .env(HELPER, name)
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn the helper process")
+}
+
+/// Waits (bounded) for the child to print `READY`.
+async fn ready(child: &mut Child) {
+    let out = child.stdout.take().unwrap();
+    within(
+        "helper ready",
+        tokio::task::spawn_blocking(move || {
+            for line in BufReader::new(out).lines() {
+                if line.unwrap_or_default().trim() == "READY" {
+                    return;
+                }
+            }
+            panic!("the helper exited before it was ready");
+        }),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once() {
+    let tracker = TaskTracker::new();
+    let (frontend, mut inbox) = frontend(&tracker).await;
+    let target = format!("{} {}", frontend.local_addr(), frontend.instance());
+    let mut child = helper("streaming_worker_process", &[(HELPER_TARGET, target)]);
+    ready(&mut child).await;
+    let mut receivers = Vec::new();
+    for _ in 0..STREAMS {
+        let mut r = within("accept", inbox.recv()).await.unwrap().accept();
+        assert_eq!(
+            within("first", r.recv()).await.unwrap().unwrap(),
+            &b"first"[..]
+        );
+        receivers.push(r);
+    }
+    // Mid-stream: items keep coming until the process dies.
+    child.kill().expect("SIGKILL the worker process");
+    let t0 = Instant::now();
+    let _ = child.wait();
+    for mut r in receivers {
+        let end = within("end", async {
+            loop {
+                match r.recv().await {
+                    Some(Ok(_)) => continue,
+                    other => break other,
+                }
+            }
+        })
+        .await;
+        assert!(matches!(end, Some(Err(StreamEnd::Lost(_)))), "{end:?}");
+        assert_eq!(within("then nothing", r.recv()).await, None, "ends once");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(
+        frontend.stats().endpoint_errors >= 1,
+        "{:?}",
+        frontend.stats()
+    );
+}
+
+/// The worker process of the test above: opens streams, sends one item on each, says READY,
+/// then keeps sending until it is killed (or 30 s pass).
+#[test]
+#[ignore = "helper process of a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once"]
+fn streaming_worker_process() {
+    if std::env::var(HELPER).as_deref() != Ok("streaming_worker_process") {
+        return;
+    }
+    let target = std::env::var(HELPER_TARGET).unwrap();
+    let (addr, instance) = target.split_once(' ').unwrap();
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let instance = InstanceId::from_u128(u128::from_str_radix(instance, 16).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let tracker = TaskTracker::new();
+        let worker = worker(&tracker);
+        let mut streams = Vec::new();
+        for t in 0..STREAMS {
+            let mut s = within(
+                "open",
+                worker
+                    .endpoint()
+                    .open(addr, instance, t, &Token([0; 16]), PROLOGUE),
+            )
+            .await
+            .unwrap();
+            s.send(b"first").await.unwrap();
+            streams.push(s);
+        }
+        worker.endpoint().flush();
+        println!("READY");
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            for s in &mut streams {
+                let _ = s.try_send(b"more");
+            }
+            worker.endpoint().flush();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frontend_restarted_under_a_new_instance_id_is_prepared_again() {
+    // UCX reads its connection managers' settings only from the environment, so rebinding
+    // the port of the frontend that just died (its connections in TIME_WAIT) needs
+    // UCX_TCP_CM_REUSEADDR=y in the process: the scenario runs in a process of its own.
+    let mut child = helper(
+        "restart_scenario",
+        &[("UCX_TCP_CM_REUSEADDR", "y".to_owned())],
+    );
+    let status = within(
+        "scenario",
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "the restart scenario failed: {status}");
+}
+
+#[test]
+#[ignore = "helper process of a_frontend_restarted_under_a_new_instance_id_is_prepared_again"]
+fn restart_scenario() {
+    if std::env::var(HELPER).as_deref() != Ok("restart_scenario") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(restart());
+}
+
+async fn restart() {
+    let tracker = TaskTracker::new();
+    let (first, mut inbox) = frontend(&tracker).await;
+    let addr = first.local_addr();
+    let old_id = first.instance();
+    let worker = worker(&tracker);
+    let mut s = within(
+        "open",
+        worker
+            .endpoint()
+            .open(addr, old_id, 1, &Token([0; 16]), PROLOGUE),
+    )
+    .await
+    .unwrap();
+    s.send(b"before").await.unwrap();
+    s.flush();
+    let _held = within("accept", inbox.recv()).await.unwrap().accept();
+    first.abort();
+    drop(first);
+    // The same address, a new instance.
+    let new_id = InstanceId::from_u128(0xfeed);
+    let (tx, mut inbox2) = tokio::sync::mpsc::channel(16);
+    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Frontend)
+        .build()
+        .unwrap();
+    let second = within("rebind", async {
+        loop {
+            match velo_ucx::UcxFrontend::bind_as(
+                addr,
+                new_id,
+                mux.clone(),
+                ucx_config(),
+                std::sync::Arc::new(Inbox(tx.clone())),
+                tracker.clone(),
+            )
+            .await
+            {
+                Ok(f) => break f,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await;
+    // The old stream and connection are gone...
+    assert!(matches!(
+        within("old stream closed", s.closed()).await,
+        StreamEnd::Lost(_)
+    ));
+    let old_peer = s.peer().clone();
+    within("old connection closed", old_peer.closed()).await;
+    // ...an address that still names the old instance gets a clear refusal...
+    let err = within(
+        "open old",
+        worker
+            .endpoint()
+            .open(addr, old_id, 2, &Token([0; 16]), PROLOGUE),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OpenStreamError::Connect(ConnectError::Refused {
+                code: CloseCode::IDENTITY_MISMATCH,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    // ...and the new instance is prepared afresh.
+    let mut s2 = within(
+        "open new",
+        worker
+            .endpoint()
+            .open(addr, new_id, 3, &Token([0; 16]), PROLOGUE),
+    )
+    .await
+    .unwrap();
+    s2.send(b"after").await.unwrap();
+    s2.flush();
+    let mut r = within("accept", inbox2.recv()).await.unwrap().accept();
+    assert_eq!(
+        within("item", r.recv()).await.unwrap().unwrap(),
+        Bytes::from_static(b"after")
+    );
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_transport_burns_no_cpu() {
+    // In a process of its own, so the CPU time measured is only the idle transport's: every
+    // thread (both drivers, UCX's own threads) while a connection is up and nothing flows,
+    // with each progress engine.
+    let mut child = helper("idle_process", &[]);
+    let status = within(
+        "idle process",
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "the idle process failed: {status}");
+}
+
+/// How long each engine idles.
+const IDLE_WINDOW: Duration = Duration::from_millis(1500);
+/// Idle budget: the window may cost this much CPU in all (timers, UCX's keepalive); a
+/// busy-polling engine would burn about the whole window.
+const IDLE_CPU_BUDGET: Duration = Duration::from_millis(50);
+
+#[test]
+#[ignore = "helper process of an_idle_transport_burns_no_cpu"]
+fn idle_process() {
+    if std::env::var(HELPER).as_deref() != Ok("idle_process") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for engine in [
+        velo_ucx::ProgressEngine::Task,
+        velo_ucx::ProgressEngine::Thread,
+    ] {
+        rt.block_on(idle_window(engine));
+    }
+}
+
+async fn idle_window(engine: velo_ucx::ProgressEngine) {
+    let tracker = TaskTracker::new();
+    let cfg = velo_ucx::UcxConfig {
+        engine,
+        ..ucx_config()
+    };
+    let (frontend, mut inbox) = frontend_with(&tracker, cfg.clone()).await;
+    let worker = worker_with(&tracker, cfg, |b| b);
+    let mut s = within(
+        "open",
+        worker.endpoint().open(
+            frontend.local_addr(),
+            frontend.instance(),
+            1,
+            &Token([0; 16]),
+            PROLOGUE,
+        ),
+    )
+    .await
+    .unwrap();
+    s.send(b"x").await.unwrap();
+    s.flush();
+    let mut r = within("accept", inbox.recv()).await.unwrap().accept();
+    assert_eq!(within("x", r.recv()).await.unwrap().unwrap(), &b"x"[..]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = cpu_time();
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let used = cpu_time() - before;
+    println!(
+        "{engine:?} engine idle for {IDLE_WINDOW:?} with a connection up: {used:?} of CPU (all threads)"
+    );
+    assert!(
+        used < IDLE_CPU_BUDGET,
+        "{engine:?}: {used:?} of CPU while idle"
+    );
+    assert!(
+        worker
+            .endpoint()
+            .peers()
+            .pop()
+            .is_some_and(|p| p.is_alive())
+    );
+    frontend.abort();
+    worker.abort();
+}
+
+/// User plus system CPU time of this process (every thread).
+fn cpu_time() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct we own; RUSAGE_SELF is always valid.
+    let ru = unsafe {
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()), 0);
+        ru.assume_init()
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap())
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap())
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
