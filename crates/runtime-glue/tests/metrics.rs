@@ -277,6 +277,7 @@ fn promtool_check(body: &str) {
     );
 }
 
+#[cfg(feature = "tcp")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_after_streams_on_the_velo_plane_shows_names_labels_and_values() {
     run(Plane::Velo).await;
