@@ -16,6 +16,7 @@ const STEPS: &[Step] = &[
     ("doc", doc),
     ("check-layers", layers::run),
     ("test-matrix", test_matrix::run),
+    ("peers-smoke", peers_smoke),
     ("fuzz-smoke", fuzz_smoke_default),
 ];
 
@@ -63,6 +64,15 @@ fn doc() -> Result {
     Cmd::cargo()
         .args(["doc", "--workspace", "--no-deps"])
         .env("RUSTDOCFLAGS", "-D warnings")
+        .run()
+}
+
+/// velo-bench's smoke test with the peer arms: it builds the peer workspaces under `peers/`
+/// (their `smoke` profile; dynamo-runtime needs `protoc`, which `.ci/run` installs) and runs
+/// every arm, ours and the peers', for a moment.
+fn peers_smoke() -> Result {
+    Cmd::cargo()
+        .args(["test", "-p", "velo-bench", "--features", "peers"])
         .run()
 }
 

@@ -23,7 +23,8 @@ const HELP: &str = "\
 cargo xtask <command>
 
 Commands:
-  ci                       fmt --check, clippy, doc, check-layers, test-matrix, fuzz-smoke
+  ci                       fmt --check, clippy, doc, check-layers, test-matrix,
+                           peers-smoke (velo-bench's smoke test with the peer arms), fuzz-smoke
   test-matrix              cargo test -p <crate> over each crate's feature sets
   check-layers             fail on dependency edges against the crate layering
   fuzz-smoke [--secs N]    replay the fuzz corpus; with cargo-fuzz, fuzz each target N s (10)

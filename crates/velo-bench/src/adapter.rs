@@ -1,27 +1,33 @@
 //! What a response plane must provide to be benchmarked: four small traits, used with static
 //! dispatch so the harness adds no per-token allocation or indirection. Our planes implement
 //! them here; the peer arms (`peers/`) implement them for Dynamo's planes and Velo 0.21.
+//!
+//! A plane owns the request's way to its worker as well as the response's way back, because
+//! some planes build the request themselves (Dynamo's router wraps it in its own envelope).
+//! Where a plane allows it, the request travels on our request channel ([`crate::reqplane`]).
 
 use std::future::Future;
 
+use bytes::Bytes;
+
 use crate::item::EngineOutput;
+use crate::reqplane::Request;
 
 /// The frontend side of a plane.
 pub trait BenchFrontend: Send + Sync + 'static {
     /// A stream being received.
     type Stream: BenchStream;
-    /// Resolves on the stream's prologue.
-    type Pending: Future<Output = Result<Self::Stream, String>> + Send + 'static;
 
-    /// Registers a stream: its address (carried in the request) and its pending handle.
-    ///
-    /// # Errors
-    ///
-    /// The plane's refusal, as text.
-    fn register(&self) -> Result<(String, Self::Pending), String>;
+    /// Sends `request` to worker process number `process` (its index in the frontend's worker
+    /// list) and resolves on its response stream's prologue.
+    fn request(
+        &self,
+        process: usize,
+        request: Request,
+    ) -> impl Future<Output = Result<Self::Stream, String>> + Send;
 
-    /// Established connections the plane holds right now, if it can tell (else the harness
-    /// counts sockets itself).
+    /// The TCP port whose established connections the harness counts as the plane's
+    /// connections (0 when the plane has no TCP listener on the frontend).
     fn port(&self) -> u16;
 }
 
@@ -36,8 +42,12 @@ pub trait BenchWorker: Send + Sync + 'static {
     /// A stream being sent.
     type Sink: BenchSink;
 
-    /// Opens the response stream addressed by `info` and sends its prologue.
-    fn open(&self, info: &str) -> impl Future<Output = Result<Self::Sink, String>> + Send;
+    /// Reads one request, as the plane's frontend put it on the wire, opens its response
+    /// stream and sends the prologue.
+    fn open(
+        &self,
+        request: Bytes,
+    ) -> impl Future<Output = Result<(Request, Self::Sink), String>> + Send;
 
     /// The once-per-forward-pass flush hint (a no-op where the plane has none).
     fn flush(&self);
@@ -53,6 +63,7 @@ pub trait BenchSink: Send + 'static {
 
 /// Our planes, through the public `response-plane` API.
 pub mod ours {
+    use bytes::Bytes;
     use futures::StreamExt;
     use response_plane::{
         FrontendPlane, PendingResponse, RegisterOptions, ResponseSender, ResponseStream,
@@ -60,27 +71,44 @@ pub mod ours {
     };
 
     use super::{BenchFrontend, BenchSink, BenchStream, BenchWorker, EngineOutput};
+    use crate::reqplane::{Request, RequestSender};
 
-    /// A frontend on our plane.
-    pub struct Frontend(pub FrontendPlane);
+    /// A frontend on our plane, sending requests on our request channel.
+    pub struct Frontend {
+        plane: FrontendPlane,
+        requests: Vec<RequestSender>,
+    }
+
+    impl Frontend {
+        /// A frontend that sends to worker process `i` on `requests[i]`.
+        pub fn new(plane: FrontendPlane, requests: Vec<RequestSender>) -> Self {
+            Self { plane, requests }
+        }
+    }
 
     impl BenchFrontend for Frontend {
         type Stream = ResponseStream<EngineOutput>;
-        type Pending = futures::future::BoxFuture<'static, Result<Self::Stream, String>>;
 
-        fn register(&self) -> Result<(String, Self::Pending), String> {
+        async fn request(
+            &self,
+            process: usize,
+            mut request: Request,
+        ) -> Result<Self::Stream, String> {
             let (info, pending): (_, PendingResponse<EngineOutput>) = self
-                .0
+                .plane
                 .register(RegisterOptions::default())
                 .map_err(|e| e.to_string())?;
-            let info = serde_json::to_string(&info).map_err(|e| e.to_string())?;
-            let pending =
-                Box::pin(async move { pending.established().await.map_err(|e| e.to_string()) });
-            Ok((info, pending))
+            request.info = serde_json::to_string(&info).map_err(|e| e.to_string())?;
+            let to = self
+                .requests
+                .get(process)
+                .ok_or_else(|| format!("no worker process {process}"))?;
+            to.send(&request).await?;
+            pending.established().await.map_err(|e| e.to_string())
         }
 
         fn port(&self) -> u16 {
-            self.0.address().port()
+            self.plane.address().port()
         }
     }
 
@@ -96,8 +124,9 @@ pub mod ours {
     impl BenchWorker for Worker {
         type Sink = ResponseSender<EngineOutput>;
 
-        async fn open(&self, info: &str) -> Result<Self::Sink, String> {
-            let info = serde_json::from_str(info).map_err(|e| e.to_string())?;
+        async fn open(&self, request: Bytes) -> Result<(Request, Self::Sink), String> {
+            let request = Request::decode(&request)?;
+            let info = serde_json::from_str(&request.info).map_err(|e| e.to_string())?;
             let mut sender = self
                 .0
                 .connect::<EngineOutput>(&info)
@@ -107,7 +136,7 @@ pub mod ours {
                 .send_prologue(Ok(()))
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(sender)
+            Ok((request, sender))
         }
 
         fn flush(&self) {
@@ -117,15 +146,11 @@ pub mod ours {
 
     impl BenchSink for ResponseSender<EngineOutput> {
         async fn send(&mut self, item: &EngineOutput) -> Result<(), String> {
-            Self::send(self, item)
-                .await
-                .map_err(|e| e.to_string())
+            Self::send(self, item).await.map_err(|e| e.to_string())
         }
 
         async fn finish(self) -> Result<(), String> {
-            Self::finish(self)
-                .await
-                .map_err(|e| e.to_string())
+            Self::finish(self).await.map_err(|e| e.to_string())
         }
     }
 }

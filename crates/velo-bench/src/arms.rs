@@ -1,5 +1,6 @@
-//! The arms: which plane, configured how. The list is open: peer arms run a separate binary
-//! (`peers/`) that speaks the same role protocol.
+//! The arms: which plane, configured how. The list is open: peer arms run binaries built from
+//! their own cargo workspaces under `peers/`, which speak the same role protocol
+//! ([`crate::roles`]).
 
 use std::time::Duration;
 
@@ -10,8 +11,38 @@ use response_plane::{Batching, Plane, ResponsePlaneConfig, VeloTransport};
 pub enum Runner {
     /// This binary.
     Ours,
-    /// The peer-arms binary built from `peers/`.
-    Peers,
+    /// A peer binary, built from its workspace under `peers/`.
+    Peer(PeerBin),
+}
+
+/// A peer-arms binary and the cargo workspace it is built in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PeerBin {
+    /// The workspace's directory under `peers/`.
+    pub workspace: &'static str,
+    /// The binary's name.
+    pub binary: &'static str,
+}
+
+/// Dynamo 1.6.1's planes (dynamo-runtime pins tokio =1.52.4 and needs `--cfg tokio_unstable`).
+pub const DYNAMO: PeerBin = PeerBin {
+    workspace: "dynamo",
+    binary: "velo-bench-dynamo",
+};
+
+/// The published velo 0.21 (needs tokio ^1.54, so it cannot share Dynamo's workspace).
+pub const VELO_021: PeerBin = PeerBin {
+    workspace: "velo021",
+    binary: "velo-bench-velo021",
+};
+
+/// How an arm's connections are counted at mid-window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conns {
+    /// Established TCP connections to the frontend's response port.
+    FrontendTcpPort,
+    /// UDP sockets of the worker processes (a QUIC client endpoint per connection).
+    WorkerUdpSockets,
 }
 
 /// One arm of the comparison.
@@ -23,57 +54,99 @@ pub struct Arm {
     pub about: &'static str,
     /// Which binary runs it.
     pub runner: Runner,
+    /// How its connections are counted.
+    pub conns: Conns,
+}
+
+impl Arm {
+    const fn ours(name: &'static str, about: &'static str) -> Self {
+        Self {
+            name,
+            about,
+            runner: Runner::Ours,
+            conns: Conns::FrontendTcpPort,
+        }
+    }
+
+    const fn peer(name: &'static str, about: &'static str, bin: PeerBin) -> Self {
+        Self {
+            name,
+            about,
+            runner: Runner::Peer(bin),
+            conns: Conns::FrontendTcpPort,
+        }
+    }
 }
 
 /// Every arm this build knows, in report order.
 pub fn all() -> Vec<Arm> {
     let mut arms = vec![
-        Arm {
-            name: "velo-tcp-5ms",
-            about: "velo plane, TCP lanes, 5 ms batching (Dynamo PR #15231's default)",
-            runner: Runner::Ours,
-        },
-        Arm {
-            name: "velo-tcp-greedy",
-            about: "velo plane, TCP lanes, greedy flush (0 ms)",
-            runner: Runner::Ours,
-        },
-        Arm {
-            name: "velo-tcp-pass",
-            about: "velo plane, TCP lanes, flushed once per forward pass (5 ms cap)",
-            runner: Runner::Ours,
-        },
+        Arm::ours(
+            "velo-tcp-5ms",
+            "velo plane, TCP lanes, 5 ms batching (Dynamo PR #15231's default)",
+        ),
+        Arm::ours(
+            "velo-tcp-greedy",
+            "velo plane, TCP lanes, greedy flush (0 ms)",
+        ),
+        Arm::ours(
+            "velo-tcp-pass",
+            "velo plane, TCP lanes, flushed once per forward pass (5 ms cap)",
+        ),
     ];
     if cfg!(feature = "ucx") {
-        arms.push(Arm {
-            name: "velo-ucx",
-            about: "velo plane, UCX lanes, flushed once per forward pass",
-            runner: Runner::Ours,
-        });
+        arms.push(Arm::ours(
+            "velo-ucx",
+            "velo plane, UCX lanes, flushed once per forward pass",
+        ));
     }
-    arms.push(Arm {
-        name: "tcp",
-        about: "classic plane: one TCP connection per stream",
-        runner: Runner::Ours,
-    });
+    arms.push(Arm::ours(
+        "tcp",
+        "classic plane: one TCP connection per stream",
+    ));
     if cfg!(feature = "peers") {
-        arms.push(Arm {
-            name: "dynamo-tcp",
-            about: "Dynamo 1.6.1's classic TCP plane (dynamo-runtime)",
-            runner: Runner::Peers,
-        });
-        arms.push(Arm {
-            name: "dynamo-quic",
-            about: "Dynamo 1.6.1's QUIC plane (dynamo-runtime)",
-            runner: Runner::Peers,
-        });
-        arms.push(Arm {
-            name: "velo-0.21",
-            about: "the published velo 0.21 as Dynamo configures it",
-            runner: Runner::Peers,
-        });
+        arms.extend(peer_arms());
     }
     arms
+}
+
+/// The peer arms (feature `peers`).
+fn peer_arms() -> [Arm; 6] {
+    [
+        Arm::peer(
+            "dynamo-tcp",
+            "Dynamo 1.6.1's classic TCP plane (dynamo-runtime), our request channel",
+            DYNAMO,
+        ),
+        Arm::peer(
+            "dynamo-tcp-drt",
+            "Dynamo 1.6.1's classic TCP plane, Dynamo's TCP request plane (as dynamo-quic)",
+            DYNAMO,
+        ),
+        Arm {
+            conns: Conns::WorkerUdpSockets,
+            ..Arm::peer(
+                "dynamo-quic",
+                "Dynamo 1.6.1's QUIC plane (dynamo-runtime), Dynamo's TCP request plane",
+                DYNAMO,
+            )
+        },
+        Arm::peer(
+            "velo-0.21",
+            "the published velo 0.21 as Dynamo configures it: mux only, credit 32, 4 lanes, greedy flush",
+            VELO_021,
+        ),
+        Arm::peer(
+            "velo-0.21-5ms",
+            "velo 0.21 tuned: as velo-0.21 with a 5 ms linger (as velo-tcp-5ms)",
+            VELO_021,
+        ),
+        Arm::peer(
+            "velo-0.21-pass",
+            "velo 0.21 tuned: as velo-0.21-5ms, flushed once per forward pass (as velo-tcp-pass)",
+            VELO_021,
+        ),
+    ]
 }
 
 /// The arms named in `spec` (comma-separated, or `all`).

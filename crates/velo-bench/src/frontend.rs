@@ -1,7 +1,6 @@
 //! The frontend process role: a closed loop of `concurrency` clients, each sending a request,
 //! reading its response stream to the end, and starting the next.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,13 +11,13 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use crate::adapter::{BenchFrontend, BenchStream};
-use crate::reqplane::{Request, RequestSender};
+use crate::reqplane::Request;
 
 /// The load.
 #[derive(Debug, Clone)]
 pub struct FrontendOpts {
-    /// Worker processes' request channels.
-    pub workers: Vec<SocketAddr>,
+    /// Worker processes (the plane knows how to reach each).
+    pub worker_processes: usize,
     /// Mock engines per worker process.
     pub engines_per_process: u32,
     /// Requests in flight at all times.
@@ -98,16 +97,12 @@ struct Stats {
 ///
 /// # Errors
 ///
-/// When a worker process cannot be reached.
+/// When stdout is gone.
 pub async fn run<F: BenchFrontend>(
     plane: F,
     opts: FrontendOpts,
 ) -> std::io::Result<FrontendReport> {
     let plane = Arc::new(plane);
-    let mut senders = Vec::new();
-    for w in &opts.workers {
-        senders.push(RequestSender::connect(*w).await?);
-    }
     let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
     let shared = Arc::new(Shared {
         phase: AtomicU8::new(WARMUP),
@@ -127,13 +122,12 @@ pub async fn run<F: BenchFrontend>(
     let mut out = tokio::io::stdout();
     say(&mut out, &format!("READY {}", plane.port())).await?;
     let start = Instant::now();
-    let targets = u64::from(u32::try_from(senders.len()).unwrap_or(1))
+    let targets = u64::try_from(opts.worker_processes.max(1)).unwrap_or(1)
         * u64::from(opts.engines_per_process.max(1));
     let clients: Vec<_> = (0..opts.concurrency)
         .map(|_| {
             tokio::spawn(client(
                 plane.clone(),
-                senders.clone(),
                 shared.clone(),
                 opts.clone(),
                 start,
@@ -197,7 +191,6 @@ async fn say(out: &mut tokio::io::Stdout, line: &str) -> std::io::Result<()> {
 /// One closed-loop client.
 async fn client<F: BenchFrontend>(
     plane: Arc<F>,
-    senders: Vec<RequestSender>,
     shared: Arc<Shared>,
     opts: FrontendOpts,
     start: Instant,
@@ -222,7 +215,7 @@ async fn client<F: BenchFrontend>(
         let in_window = shared.phase.load(Ordering::Acquire) == WINDOW;
         let outcome = one_request(
             &*plane,
-            &senders[process],
+            process,
             id,
             engine,
             &opts,
@@ -281,7 +274,7 @@ fn merge(into: &mut Vec<u64>, from: &mut Vec<u64>) {
 #[allow(clippy::too_many_arguments)]
 async fn one_request<F: BenchFrontend>(
     plane: &F,
-    sender: &RequestSender,
+    process: usize,
     id: u64,
     engine: u32,
     opts: &FrontendOpts,
@@ -290,17 +283,14 @@ async fn one_request<F: BenchFrontend>(
     window_tokens: &mut u64,
     bucket_of: impl Fn(Instant) -> usize,
 ) -> Result<(Instant, Instant, u64), String> {
-    let (info, pending) = plane.register()?;
-    sender
-        .send(Request {
-            id,
-            worker: engine,
-            isl: opts.isl,
-            osl: opts.osl,
-            info,
-        })
-        .await?;
-    let mut stream = pending.await?;
+    let request = Request {
+        id,
+        worker: engine,
+        isl: opts.isl,
+        osl: opts.osl,
+        info: String::new(),
+    };
+    let mut stream = plane.request(process, request).await?;
     let mut first = None;
     let mut last = Instant::now();
     let mut n = 0u64;

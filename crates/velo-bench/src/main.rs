@@ -1,17 +1,19 @@
 //! `cargo run --release -p velo-bench`: compare response planes on a mock serving fleet.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::task::TaskTracker;
 use velo_bench::adapter::ours;
-use velo_bench::arms::{self, Arm};
+use velo_bench::arms::{self, Arm, PeerBin, Runner};
 use velo_bench::orchestrate::{self, RunOpts};
 use velo_bench::report::{ArmReport, Figures};
-use velo_bench::{frontend, plots, procfs, worker};
+use velo_bench::reqplane::RequestSender;
+use velo_bench::roles::{self, FrontendArgs, Role, WorkerArgs, WorkerSetup};
+use velo_bench::{peers, plots};
 
 /// Compare response planes side by side on a mock LLM serving fleet (Dynamo's mocker model):
 /// a closed-loop load through fresh frontend and worker processes per run.
@@ -68,133 +70,50 @@ struct RunArgs {
     /// Frontend runtime threads (1 runs a current-thread runtime).
     #[arg(long, default_value_t = 2)]
     frontend_threads: u32,
-    /// The peer-arms binary (default: peers/target/release/velo-bench-peers).
-    #[arg(long)]
-    peers_bin: Option<PathBuf>,
-}
-
-#[derive(Subcommand)]
-enum Role {
-    /// (internal) A frontend process of one run.
-    #[command(hide = true)]
-    Frontend(FrontendArgs),
-    /// (internal) A worker process of one run.
-    #[command(hide = true)]
-    Worker(WorkerArgs),
-}
-
-#[derive(Args)]
-struct FrontendArgs {
-    #[arg(long)]
-    arm: String,
-    #[arg(long, value_delimiter = ',')]
-    workers: Vec<SocketAddr>,
-    #[arg(long)]
-    engines_per_process: u32,
-    #[arg(long)]
-    concurrency: u32,
-    #[arg(long)]
-    isl: u32,
-    #[arg(long)]
-    osl: u32,
-    #[arg(long)]
-    warmup: f64,
-    #[arg(long)]
-    duration: f64,
-    #[arg(long, default_value_t = 2)]
-    threads: u32,
-    #[arg(long)]
-    cpu: Option<usize>,
-}
-
-#[derive(Args)]
-struct WorkerArgs {
-    #[arg(long)]
-    arm: String,
-    #[arg(long)]
-    engines: u32,
-    #[arg(long)]
-    speedup: f64,
-    #[arg(long)]
-    cpu: Option<usize>,
+    /// Cargo profile the peer arms' binaries are built with (before the first run, if missing
+    /// or stale); measurements want `release`, the smoke test uses the cheaper `smoke`.
+    #[arg(long, default_value = "release")]
+    peers_profile: String,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let r = match cli.role {
-        Some(Role::Frontend(a)) => frontend_role(a),
-        Some(Role::Worker(a)) => worker_role(a),
+    roles::exit(match cli.role {
+        Some(Role::Frontend(a)) => roles::run_frontend_role(a, frontend),
+        Some(Role::Worker(a)) => roles::run_worker_role(a, worker),
         None => orchestrate(cli.run),
-    };
-    match r {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("velo-bench: {e}");
-            std::process::ExitCode::FAILURE
+    })
+}
+
+/// Our frontend for arm `a.arm`: our plane, our request channel.
+async fn frontend(a: FrontendArgs) -> Result<ours::Frontend, String> {
+    let (config, _) = arms::our_config(&a.arm)?;
+    let requests = RequestSender::connect_all(&a.workers).await?;
+    let plane = response_plane::FrontendPlane::bind(config, TaskTracker::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ours::Frontend::new(plane, requests))
+}
+
+/// Our worker for arm `a.arm`.
+async fn worker(a: WorkerArgs) -> Result<WorkerSetup<ours::Worker>, String> {
+    let (config, flush_per_pass) = arms::our_config(&a.arm)?;
+    let plane =
+        response_plane::WorkerPlane::new(config, TaskTracker::new()).map_err(|e| e.to_string())?;
+    Ok(WorkerSetup::new(ours::Worker(plane), flush_per_pass))
+}
+
+/// Builds the peer binaries the selected arms need (feature `peers`).
+fn peer_bins(arms: &[Arm], profile: &str) -> Result<BTreeMap<PeerBin, PathBuf>, String> {
+    let mut bins = BTreeMap::new();
+    for arm in arms {
+        if let Runner::Peer(bin) = arm.runner
+            && !bins.contains_key(&bin)
+        {
+            bins.insert(bin, peers::ensure_built(bin, profile)?);
         }
     }
-}
-
-fn runtime(threads: u32) -> Result<tokio::runtime::Runtime, String> {
-    let r = if threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads as usize)
-            .enable_all()
-            .build()
-    };
-    r.map_err(|e| e.to_string())
-}
-
-fn frontend_role(a: FrontendArgs) -> Result<(), String> {
-    if let Some(cpu) = a.cpu {
-        procfs::pin_to_cpu(cpu).map_err(|e| format!("pin to cpu {cpu}: {e}"))?;
-    }
-    let (config, _) = arms::our_config(&a.arm)?;
-    let opts = frontend::FrontendOpts {
-        workers: a.workers,
-        engines_per_process: a.engines_per_process,
-        concurrency: a.concurrency,
-        isl: a.isl,
-        osl: a.osl,
-        warmup: Duration::from_secs_f64(a.warmup),
-        duration: Duration::from_secs_f64(a.duration),
-    };
-    runtime(a.threads)?.block_on(async move {
-        let plane = response_plane::FrontendPlane::bind(config, TaskTracker::new())
-            .await
-            .map_err(|e| e.to_string())?;
-        let report = frontend::run(ours::Frontend(plane), opts)
-            .await
-            .map_err(|e| e.to_string())?;
-        println!(
-            "RESULT {}",
-            serde_json::to_string(&report).map_err(|e| e.to_string())?
-        );
-        Ok(())
-    })
-}
-
-fn worker_role(a: WorkerArgs) -> Result<(), String> {
-    if let Some(cpu) = a.cpu {
-        procfs::pin_to_cpu(cpu).map_err(|e| format!("pin to cpu {cpu}: {e}"))?;
-    }
-    let (config, flush_per_pass) = arms::our_config(&a.arm)?;
-    let opts = worker::WorkerOpts {
-        engines: a.engines,
-        speedup: a.speedup,
-        flush_per_pass,
-    };
-    runtime(1)?.block_on(async move {
-        let plane = response_plane::WorkerPlane::new(config, TaskTracker::new())
-            .map_err(|e| e.to_string())?;
-        worker::run(ours::Worker(plane), opts)
-            .await
-            .map_err(|e| e.to_string())
-    })
+    Ok(bins)
 }
 
 fn orchestrate(a: RunArgs) -> Result<(), String> {
@@ -215,11 +134,7 @@ fn orchestrate(a: RunArgs) -> Result<(), String> {
     }
     let log_dir = std::env::temp_dir().join(format!("velo-bench-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
-    let peers_bin = a.peers_bin.clone().or_else(|| {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../peers/target/release/velo-bench-peers");
-        p.exists().then_some(p)
-    });
+    let peer_bins = peer_bins(&arms, &a.peers_profile)?;
     let opts = RunOpts {
         concurrency: a.concurrency,
         duration: Duration::from_secs_f64(a.duration),
@@ -231,7 +146,7 @@ fn orchestrate(a: RunArgs) -> Result<(), String> {
         speedup: a.speedup,
         frontend_threads: a.frontend_threads,
         pin: a.pin,
-        peers_bin,
+        peer_bins,
         log_dir: log_dir.clone(),
     };
     println!(
@@ -299,6 +214,7 @@ fn orchestrate(a: RunArgs) -> Result<(), String> {
             "workers": opts.engines_per_process() * opts.worker_processes, "worker_processes": opts.worker_processes,
             "isl": opts.isl, "osl": opts.osl, "speedup": opts.speedup, "repeats": a.repeats,
             "frontend_threads": opts.frontend_threads, "pin": opts.pin,
+            "peers_profile": a.peers_profile,
             "arms": arms.iter().map(|a| a.name).collect::<Vec<_>>(),
         });
         let arms_json: Vec<serde_json::Value> = reports

@@ -1,13 +1,14 @@
 //! Runs arms: fresh frontend and worker processes per run, sampled by the kernel's counters
 //! at the frontend's window markers; repeats interleaved across arms.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::arms::{Arm, Runner};
+use crate::arms::{Arm, Conns, PeerBin, Runner};
 use crate::frontend::FrontendReport;
 use crate::procfs;
 
@@ -34,8 +35,8 @@ pub struct RunOpts {
     pub frontend_threads: u32,
     /// Pin the frontend to CPU 0 and the workers to CPU 1.
     pub pin: bool,
-    /// The peer-arms binary.
-    pub peers_bin: Option<PathBuf>,
+    /// The peer binaries, built ([`crate::peers::ensure_built`]) before the first run.
+    pub peer_bins: BTreeMap<PeerBin, PathBuf>,
     /// Where child processes' logs go.
     pub log_dir: PathBuf,
 }
@@ -56,9 +57,9 @@ pub struct Run {
     pub frontend_cpu_s: f64,
     /// All worker processes' CPU over the window, seconds.
     pub worker_cpu_s: f64,
-    /// TCP segments sent on the host over the window.
+    /// Packets sent on the host over the window: TCP segments plus UDP datagrams.
     pub segments: u64,
-    /// Connections established to the frontend's response port at mid-window.
+    /// The plane's connections at mid-window, counted as the arm says ([`Conns`]).
     pub connections: u64,
 }
 
@@ -82,10 +83,11 @@ impl Drop for Children {
 pub fn run_arm(arm: &Arm, opts: &RunOpts, repeat: u32) -> Result<Run, String> {
     let exe = match arm.runner {
         Runner::Ours => std::env::current_exe().map_err(|e| e.to_string())?,
-        Runner::Peers => opts
-            .peers_bin
-            .clone()
-            .ok_or("peer arms need the peers binary (build with --features peers)")?,
+        Runner::Peer(bin) => opts
+            .peer_bins
+            .get(&bin)
+            .cloned()
+            .ok_or_else(|| format!("the {} peer binary was not built", bin.binary))?,
     };
     let log = |role: &str| {
         opts.log_dir
@@ -150,7 +152,7 @@ pub fn run_arm(arm: &Arm, opts: &RunOpts, repeat: u32) -> Result<Run, String> {
                 .iter()
                 .map(|p| procfs::cpu_seconds(*p))
                 .sum::<f64>(),
-            procfs::tcp_out_segments(),
+            procfs::sent_packets(),
         )
     };
     let deadline = opts.warmup + opts.duration + Duration::from_secs(60);
@@ -164,7 +166,10 @@ pub fn run_arm(arm: &Arm, opts: &RunOpts, repeat: u32) -> Result<Run, String> {
         } else if line == "WINDOW_START" {
             start = Some(sample());
         } else if line == "WINDOW_MID" {
-            connections = procfs::established_on_port(port);
+            connections = match arm.conns {
+                Conns::FrontendTcpPort => procfs::established_on_port(port),
+                Conns::WorkerUdpSockets => procfs::udp_sockets_of(&worker_pids),
+            };
         } else if line == "WINDOW_END" {
             end = Some(sample());
         } else if let Some(json) = line.strip_prefix("RESULT ") {

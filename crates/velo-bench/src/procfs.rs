@@ -1,4 +1,4 @@
-//! What the kernel says about a run: CPU time per process, TCP segments, connections.
+//! What the kernel says about a run: CPU time per process, packets sent, connections.
 
 /// CPU time (user + system) of process `pid`, in seconds, or 0 if it is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
@@ -17,19 +17,60 @@ fn clock_ticks() -> f64 {
     if t > 0 { t as f64 } else { 100.0 }
 }
 
-/// The host's TCP OutSegs counter (`/proc/net/snmp`).
-pub fn tcp_out_segments() -> u64 {
+/// Packets the host has sent: TCP `OutSegs` plus UDP `OutDatagrams` (`/proc/net/snmp`), so
+/// a QUIC plane's traffic counts too. A UDP datagram sent with segmentation offload (GSO)
+/// counts once, however many wire packets it becomes.
+pub fn sent_packets() -> u64 {
     let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
-    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
-    let (Some(names), Some(values)) = (tcp.next(), tcp.next()) else {
+    snmp_counter(&snmp, "Tcp:", "OutSegs") + snmp_counter(&snmp, "Udp:", "OutDatagrams")
+}
+
+/// Counter `name` of the `/proc/net/snmp` table whose lines start with `table`.
+fn snmp_counter(snmp: &str, table: &str, name: &str) -> u64 {
+    let mut rows = snmp.lines().filter(|l| l.starts_with(table));
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
         return 0;
     };
     names
         .split_whitespace()
         .zip(values.split_whitespace())
-        .find(|(n, _)| *n == "OutSegs")
+        .find(|(n, _)| *n == name)
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// UDP sockets held by processes `pids` (a QUIC client endpoint is one socket per
+/// connection in Dynamo's pool).
+pub fn udp_sockets_of(pids: &[u32]) -> u64 {
+    let mut udp_inodes = std::collections::HashSet::new();
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            // The inode is the tenth field.
+            if let Some(inode) = line.split_whitespace().nth(9) {
+                udp_inodes.insert(inode.to_owned());
+            }
+        }
+    }
+    let mut n = 0;
+    for pid in pids {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let link = link.to_string_lossy();
+            let inode = link
+                .strip_prefix("socket:[")
+                .and_then(|l| l.strip_suffix(']'));
+            if inode.is_some_and(|i| udp_inodes.contains(i)) {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Established TCP connections whose local port is `port` (the frontend's side of each).

@@ -18,9 +18,10 @@ pub struct Figures {
     pub frontend_cpu_us_per_token: f64,
     /// Worker processes' CPU per output token, us.
     pub worker_cpu_us_per_token: f64,
-    /// TCP segments sent on the host (loopback, both directions) per output token.
+    /// Packets sent on the host (loopback, both directions) per output token: TCP segments
+    /// plus UDP datagrams.
     pub tx_segments_per_token: f64,
-    /// Connections established to the frontend's response port at mid-window.
+    /// The plane's connections at mid-window (see [`crate::arms::Conns`]).
     pub connections: f64,
     /// TTFT p50, ms.
     pub ttft_p50_ms: f64,
@@ -117,7 +118,7 @@ pub struct ArmReport {
 /// Prints the comparison table (medians).
 pub fn print_table(arms: &[ArmReport]) {
     println!(
-        "| arm | req/s | out tok/s | FE CPU ms/req | FE CPU us/tok | worker CPU us/tok | TCP segs/tok | conns | TTFT p50 ms | TTFT p99 ms | latency p99 ms | ITL mean p99 ms | errors |"
+        "| arm | req/s | out tok/s | FE CPU ms/req | FE CPU us/tok | worker CPU us/tok | pkts/tok | conns | TTFT p50 ms | TTFT p99 ms | latency p99 ms | ITL mean p99 ms | errors |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for a in arms {

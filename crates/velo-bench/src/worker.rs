@@ -1,9 +1,17 @@
-//! The worker process role: mock engines behind a request channel.
+//! The worker process role: mock engines behind an ingress.
+//!
+//! [`Engines`] runs the mock engines of one process. An [`Ingress`] takes requests off the
+//! wire and hands each, still encoded, to [`Engines::serve`], which has the plane open its
+//! response stream and queues it at its engine. The default ingress is our request channel
+//! ([`RequestChannel`]); a peer plane whose frontend insists on its own request plane
+//! (Dynamo's QUIC plane) brings its own.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -25,57 +33,121 @@ pub struct WorkerOpts {
     pub flush_per_pass: bool,
 }
 
+/// Requests queued at one engine before its ingress waits.
+const ENGINE_QUEUE: usize = 16_384;
+/// Setup failures printed to the process's log, at most.
+const LOGGED_FAILURES: u64 = 5;
+
 /// Setup failures (the frontend could not be reached, or refused), for the process's log.
 static SETUP_FAILURES: AtomicU64 = AtomicU64::new(0);
 
-/// Runs the worker process: prints `READY <addr>` once its request channel listens, then
-/// serves requests until killed.
-///
-/// # Errors
-///
-/// The listener's I/O error.
-pub async fn run<W: BenchWorker>(plane: W, opts: WorkerOpts) -> std::io::Result<()> {
-    let plane = Arc::new(plane);
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let mut out = tokio::io::stdout();
-    out.write_all(format!("READY {}\n", listener.local_addr()?).as_bytes())
-        .await?;
-    out.flush().await?;
-    let engines: Arc<Vec<EngineQueue<W>>> = Arc::new(
-        (0..opts.engines)
-            .map(|_| {
-                let (tx, rx) = mpsc::channel(16_384);
-                tokio::spawn(engine(plane.clone(), rx, opts));
-                tx
-            })
-            .collect(),
-    );
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let (plane, engines) = (plane.clone(), engines.clone());
-        tokio::spawn(reqplane::serve(stream, move |req| {
-            let (plane, engines) = (plane.clone(), engines.clone());
-            // The request's setup (connect, prologue) runs beside the engine, as a server's
-            // request handler does; the engine takes it once ready.
-            tokio::spawn(async move {
-                match plane.open(&req.info).await {
-                    Ok(sink) => {
-                        let i = req.worker as usize % engines.len();
-                        let _ = engines[i].send((req, sink)).await;
-                    }
-                    Err(e) => {
-                        if SETUP_FAILURES.fetch_add(1, Ordering::Relaxed) < 5 {
-                            eprintln!("worker: stream setup failed: {e}");
-                        }
-                    }
-                }
-            });
-        }));
+/// Where a worker process takes requests from.
+pub trait Ingress<W: BenchWorker>: Send + 'static {
+    /// Starts taking requests, handing each to [`Engines::serve`], and returns the address
+    /// the frontend sends requests to (announced as `READY <address>`).
+    fn start(self, engines: Arc<Engines<W>>)
+    -> impl Future<Output = Result<String, String>> + Send;
+}
+
+/// Our request channel ([`crate::reqplane`]) on an ephemeral loopback port.
+pub struct RequestChannel;
+
+impl<W: BenchWorker> Ingress<W> for RequestChannel {
+    async fn start(self, engines: Arc<Engines<W>>) -> Result<String, String> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let engines = engines.clone();
+                tokio::spawn(reqplane::serve(stream, move |raw| {
+                    let engines = engines.clone();
+                    // The request's setup (connect, prologue) runs beside the engine, as a
+                    // server's request handler does; the engine takes it once ready.
+                    tokio::spawn(async move { engines.serve(raw).await });
+                }));
+            }
+        });
+        Ok(addr.to_string())
     }
+}
+
+/// The mock engines of one worker process.
+pub struct Engines<W: BenchWorker> {
+    plane: Arc<W>,
+    queues: Vec<EngineQueue<W>>,
 }
 
 /// Where a process hands ready requests to one engine.
 type EngineQueue<W> = mpsc::Sender<(Request, <W as BenchWorker>::Sink)>;
+
+impl<W: BenchWorker> Engines<W> {
+    /// Starts `opts.engines` engines (at least one) on the current runtime.
+    pub fn start(plane: Arc<W>, opts: WorkerOpts) -> Arc<Self> {
+        let queues = (0..opts.engines.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
+                tokio::spawn(engine(plane.clone(), rx, opts));
+                tx
+            })
+            .collect();
+        Arc::new(Self { plane, queues })
+    }
+
+    /// The plane the engines send on.
+    pub fn plane(&self) -> &Arc<W> {
+        &self.plane
+    }
+
+    /// Opens the response stream of one encoded request and queues it at its engine. A
+    /// failure is counted and the first few are logged: the frontend sees it as its own error.
+    pub async fn serve(&self, raw: Bytes) {
+        match self.plane.open(raw).await {
+            Ok((req, sink)) => {
+                let i = req.worker as usize % self.queues.len();
+                let _ = self.queues[i].send((req, sink)).await;
+            }
+            Err(e) => {
+                if SETUP_FAILURES.fetch_add(1, Ordering::Relaxed) < LOGGED_FAILURES {
+                    eprintln!("worker: stream setup failed: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Runs the worker process on our request channel: prints `READY <addr>` once it listens,
+/// then serves requests until killed.
+///
+/// # Errors
+///
+/// The listener's I/O error.
+pub async fn run<W: BenchWorker>(plane: W, opts: WorkerOpts) -> Result<(), String> {
+    run_with(plane, opts, RequestChannel).await
+}
+
+/// Runs the worker process on `ingress`: prints `READY <address>` once it takes requests,
+/// then serves them until killed.
+///
+/// # Errors
+///
+/// The ingress's start-up failure.
+pub async fn run_with<W: BenchWorker, I: Ingress<W>>(
+    plane: W,
+    opts: WorkerOpts,
+    ingress: I,
+) -> Result<(), String> {
+    let engines = Engines::start(Arc::new(plane), opts);
+    let addr = ingress.start(engines).await?;
+    let mut out = tokio::io::stdout();
+    out.write_all(format!("READY {addr}\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    out.flush().await.map_err(|e| e.to_string())?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
 
 struct Running<S> {
     req: Request,
@@ -103,24 +175,7 @@ async fn engine<W: BenchWorker>(
         while let Ok(r) = rx.try_recv() {
             waiting.push_back(r);
         }
-        // Admit waiting requests up to the running and batched-token limits.
-        let mut new_tokens = 0u32;
-        while running.len() < MAX_RUNNING {
-            let Some((req, _)) = waiting.front() else {
-                break;
-            };
-            let t = req.isl.min(MAX_BATCHED_TOKENS);
-            if new_tokens > 0 && new_tokens + t > MAX_BATCHED_TOKENS {
-                break;
-            }
-            new_tokens += t;
-            let (req, sink) = waiting.pop_front().expect("checked above");
-            running.push(Running {
-                req,
-                sink,
-                generated: 0,
-            });
-        }
+        let new_tokens = admit(&mut running, &mut waiting);
         let kv: u64 = running
             .iter()
             .map(|r| u64::from(r.req.isl) + u64::from(r.generated))
@@ -154,4 +209,27 @@ async fn engine<W: BenchWorker>(
             plane.flush();
         }
     }
+}
+
+/// Admits waiting requests up to the running and batched-token limits; returns the prompt
+/// tokens admitted (this pass's prefill).
+fn admit<S>(running: &mut Vec<Running<S>>, waiting: &mut VecDeque<(Request, S)>) -> u32 {
+    let mut new_tokens = 0u32;
+    while running.len() < MAX_RUNNING {
+        let Some((req, _)) = waiting.front() else {
+            break;
+        };
+        let t = req.isl.min(MAX_BATCHED_TOKENS);
+        if new_tokens > 0 && new_tokens + t > MAX_BATCHED_TOKENS {
+            break;
+        }
+        new_tokens += t;
+        let (req, sink) = waiting.pop_front().expect("checked above");
+        running.push(Running {
+            req,
+            sink,
+            generated: 0,
+        });
+    }
+    new_tokens
 }

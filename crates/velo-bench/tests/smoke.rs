@@ -1,5 +1,8 @@
 //! The harness itself: every arm this build has runs for a moment at tiny concurrency, and the
 //! JSON report has every key, delivered tokens, and no errors. Not a timed test.
+//!
+//! With the `peers` feature the peer arms run too: velo-bench first builds their binaries in
+//! `peers/` with the cheap `smoke` profile (a cold build takes minutes, see README.md).
 
 use std::process::Command;
 
@@ -48,6 +51,7 @@ fn every_arm_runs_and_reports_every_key() {
             "--isl",
             "64",
         ])
+        .args(["--peers-profile", "smoke"])
         .arg("--json")
         .arg(&json)
         .arg("--plots")
@@ -63,8 +67,24 @@ fn every_arm_runs_and_reports_every_key() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let arms = doc["arms"].as_array().expect("an arms array");
-    let expected = if cfg!(feature = "ucx") { 5 } else { 4 };
-    assert!(arms.len() >= expected, "{} arms in {doc}", arms.len());
+    let mut expected = vec!["velo-tcp-5ms", "velo-tcp-greedy", "velo-tcp-pass", "tcp"];
+    if cfg!(feature = "ucx") {
+        expected.push("velo-ucx");
+    }
+    if cfg!(feature = "peers") {
+        expected.extend([
+            "dynamo-tcp",
+            "dynamo-tcp-drt",
+            "dynamo-quic",
+            "velo-0.21",
+            "velo-0.21-5ms",
+            "velo-0.21-pass",
+        ]);
+    }
+    let names: Vec<&str> = arms.iter().filter_map(|a| a["arm"].as_str()).collect();
+    for name in expected {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
     for arm in arms {
         let name = arm["arm"].as_str().unwrap_or("?");
         for key in KEYS {
