@@ -11,6 +11,7 @@ mod flags;
 mod fuzz_smoke;
 mod layers;
 mod metadata;
+mod soak;
 mod test_matrix;
 mod ucx;
 
@@ -30,15 +31,13 @@ Commands:
   fuzz-smoke [--secs N]    replay the fuzz corpus; with cargo-fuzz, fuzz each target N s (10)
   bench [--save NAME | --baseline NAME]
                            criterion benches of velo-wire and velo-mux
-  soak                     long-running soak test (not implemented yet)
+  soak [--duration 10m] [--plane velo|tcp] [--concurrency N] [--summary PATH]
+                           random stream fates for a long time, RSS sampling, an oracle
   help                     print this help
 
 Environment:
   VELO_REQUIRE_UCX=1       fail instead of skipping the UCX rows when UCX is not found
 ";
-
-/// Exit status of a command that exists but does nothing yet.
-const NOT_IMPLEMENTED: u8 = 2;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -72,10 +71,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         }
         "fuzz-smoke" => fuzz_smoke::run(fuzz_smoke::Options::parse(rest)?)?,
         "bench" => bench::run(&bench::Options::parse(rest)?)?,
-        "soak" => {
-            eprintln!("soak: not implemented yet (lands with the bench issue)");
-            return Ok(ExitCode::from(NOT_IMPLEMENTED));
-        }
+        "soak" => soak::run(&soak::Options::parse(rest)?)?,
         other => {
             eprint!("{HELP}");
             return Err(format!("unknown command `{other}`").into());
