@@ -96,3 +96,14 @@ pub fn established_connections(port: u16) -> usize {
     }
     n
 }
+
+/// Waits until `cond` holds, polling; fails the test after the bound. For counters that the
+/// other side updates just after the event the test observed.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}

@@ -77,3 +77,14 @@ pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within {BOUND:?}"))
 }
+
+/// Waits until `cond` holds, polling; fails the test after the bound. For counters that the
+/// other side updates just after the event the test observed.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
