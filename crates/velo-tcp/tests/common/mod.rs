@@ -102,7 +102,7 @@ pub fn established_connections(port: u16) -> usize {
 pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
     within(what, async {
         while !cond() {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;

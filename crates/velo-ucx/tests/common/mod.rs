@@ -83,7 +83,7 @@ pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
 pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
     within(what, async {
         while !cond() {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
