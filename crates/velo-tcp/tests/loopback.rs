@@ -64,71 +64,6 @@ async fn tcp_responses_use_four_lanes() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_streams_of_a_hundred_items_arrive_in_order() {
-    const STREAMS: u64 = 1000;
-    const ITEMS: usize = 100;
-    let tracker = TaskTracker::new();
-    let (frontend, mut inbox) = frontend(&tracker).await;
-    let worker = worker(&tracker);
-    let (addr, id) = (frontend.local_addr(), frontend.instance());
-    let started = Instant::now();
-    let producers = tokio::spawn({
-        let worker = worker.clone();
-        async move {
-            let mut tasks = Vec::new();
-            for t in 0..STREAMS {
-                let mut s = worker
-                    .endpoint()
-                    .open(addr, id, t, &Token([0; 16]), PROLOGUE)
-                    .await
-                    .unwrap();
-                tasks.push(tokio::spawn(async move {
-                    for i in 0..ITEMS {
-                        s.send(format!("{t}:{i}").as_bytes()).await.unwrap();
-                    }
-                    s.finish(Bytes::new()).await.unwrap();
-                }));
-            }
-            for t in tasks {
-                t.await.unwrap();
-            }
-        }
-    });
-    let mut consumers = Vec::new();
-    for _ in 0..STREAMS {
-        let incoming = within("accept", inbox.recv()).await.unwrap();
-        let t = incoming.ticket();
-        assert_eq!(incoming.prologue(), &Bytes::from_static(PROLOGUE));
-        let mut r = incoming.accept();
-        consumers.push(tokio::spawn(async move {
-            let mut n = 0;
-            while let Some(item) = r.recv().await {
-                assert_eq!(
-                    item.unwrap(),
-                    format!("{t}:{n}").as_bytes(),
-                    "stream {t} item {n}"
-                );
-                n += 1;
-            }
-            assert_eq!(r.end(), Some(&StreamEnd::Finished));
-            n
-        }));
-    }
-    for c in consumers {
-        assert_eq!(within("consumer", c).await.unwrap(), ITEMS);
-    }
-    within("producers", producers).await.unwrap();
-    eprintln!(
-        "{} records in {:?}",
-        STREAMS * ITEMS as u64,
-        started.elapsed()
-    );
-    let stats = frontend.endpoint().stats();
-    assert_eq!(stats.streams_finished, STREAMS);
-    assert_eq!(stats.stale_drops, 0);
-}
-
 /// A raw client that speaks our framing by hand.
 async fn raw_hello(addr: std::net::SocketAddr, hello: &Hello, version: u8) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -279,10 +214,26 @@ async fn garbage_bytes_close_that_connection_and_the_listener_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_speaks_is_dropped_without_stalling_others() {
     let tracker = TaskTracker::new();
-    let (frontend, mut inbox) = frontend(&tracker).await;
+    let (tx, mut inbox) = tokio::sync::mpsc::channel(16);
+    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Frontend)
+        .build()
+        .unwrap();
+    let cfg = velo_tcp::TcpConfig {
+        handshake_timeout: Duration::from_secs(2),
+        ..tcp_config()
+    };
+    let frontend = velo_tcp::TcpFrontend::bind(
+        loopback(),
+        mux,
+        cfg,
+        std::sync::Arc::new(Inbox(tx)),
+        tracker.clone(),
+    )
+    .await
+    .unwrap();
     let mut silent = TcpStream::connect(frontend.local_addr()).await.unwrap();
     let t0 = Instant::now();
-    // Meanwhile a real worker connects and streams.
+    // Meanwhile a real worker connects and streams, while the silent peer holds its slot.
     let worker = worker(&tracker);
     let mut s = worker
         .endpoint()
@@ -302,15 +253,19 @@ async fn a_peer_that_never_speaks_is_dropped_without_stalling_others() {
         within("item", r.recv()).await.unwrap().unwrap(),
         Bytes::from_static(b"not stalled")
     );
+    let mut probe = [0u8; 1];
+    let still_open =
+        matches!(silent.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
     assert!(
-        t0.elapsed() < Duration::from_millis(300),
-        "served before the silent peer timed out"
+        still_open,
+        "the other worker was served while the silent peer was still connected"
     );
-    // The silent one is closed after the handshake timeout (300 ms here).
+    assert_eq!(frontend.stats().handshake_timeouts, 0);
+    // The silent one is closed once its handshake timeout (2 s here) passes.
     let close = read_close(&mut silent).await;
     assert_eq!(close.code, CloseCode::BAD_HANDSHAKE);
     assert!(
-        t0.elapsed() >= Duration::from_millis(290) && t0.elapsed() < Duration::from_secs(2),
+        t0.elapsed() >= Duration::from_millis(1900),
         "{:?}",
         t0.elapsed()
     );
