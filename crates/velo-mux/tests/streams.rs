@@ -853,3 +853,79 @@ fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
     pair.worker.send(pair.now, s, b"b").unwrap();
     assert!(pair.worker.poll_ready_lanes().is_empty());
 }
+
+#[test]
+fn a_record_naming_another_generation_of_a_live_slot_never_reaches_that_stream() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.worker_send(s, b"mine");
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    let lane = pair.frontend.stream_lane(f).unwrap();
+    let id = pair.worker.stream_wire_id(s).unwrap();
+    // A buggy or hostile peer names the live slot under other generations.
+    for generation in [
+        id.generation().wrapping_add(1),
+        id.generation().wrapping_sub(1),
+    ] {
+        let alien = StreamId::new(id.slot(), generation);
+        inject(
+            &mut pair,
+            lane,
+            &[Record::Data {
+                stream: alien,
+                seq: 1,
+                payload: Bytes::from_static(b"alien"),
+            }],
+        )
+        .unwrap();
+    }
+    assert_eq!(pair.frontend.stats().stale_drops, 2);
+    assert_eq!(items(&pair.frontend_read(f)), vec![&b"mine"[..]]);
+    pair.worker_send(s, b"still mine");
+    pair.drive();
+    assert_eq!(
+        items(&pair.frontend_read(f)),
+        vec![&b"still mine"[..]],
+        "the live stream's sequence is intact"
+    );
+}
+
+#[test]
+fn a_cancel_for_an_old_generation_does_not_touch_the_slots_new_stream() {
+    let mut pair = Pair::new(default_configs());
+    let (old, _) = pair.open_stream(PROLOGUE);
+    let old_id = pair.worker.stream_wire_id(old).unwrap();
+    let lane = pair.worker.stream_lane(old).unwrap();
+    pair.worker_finish(old, b"");
+    pair.worker.release(pair.now, old);
+    pair.drive();
+    // Slots are reused lowest first: keep opening until the new stream lands on the old slot
+    // and lane.
+    let new = loop {
+        let (k, _) = pair.open_stream(PROLOGUE);
+        let id = pair.worker.stream_wire_id(k).unwrap();
+        if id.slot() == old_id.slot() && pair.worker.stream_lane(k) == Some(lane) {
+            break k;
+        }
+        assert!(id.slot() < 64, "the old slot was never reused");
+    };
+    assert_ne!(
+        pair.worker.stream_wire_id(new).unwrap().generation(),
+        old_id.generation()
+    );
+    // A late CANCEL of the old stream arrives on that lane.
+    let mut buf = BytesMut::new();
+    Frame::Batch(Batch::from_records(&[Record::Cancel {
+        stream: old_id,
+        code: CancelCode::CANCELLED,
+    }]))
+    .encode(&mut buf);
+    pair.worker.handle_input(pair.now, lane, &mut buf).unwrap();
+    assert_eq!(pair.worker.stats().stale_drops, 1);
+    assert!(
+        pair.worker.stream_state(new).unwrap().is_live(),
+        "the new stream is untouched"
+    );
+    pair.worker_send(new, b"fine");
+}
