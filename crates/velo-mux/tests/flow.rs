@@ -1,0 +1,418 @@
+//! Stories of items, credit and batching between a worker and a frontend mux, on the
+//! deterministic harness.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use velo_mux::testing::{Pair, default_configs};
+use velo_mux::{
+    Blocked, FlushPolicy, LaneId, LaneState, MuxConfig, MuxEvent, Recv, SendError, Side, StreamEnd,
+};
+use velo_wire::Token;
+
+use common::*;
+
+#[test]
+fn items_arrive_in_order_with_prologue_and_clean_end() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for i in 0..10u8 {
+        pair.worker_send(s, &[i; 3]);
+    }
+    pair.worker_finish(s, b"last");
+    pair.drive();
+    let opened: Vec<_> = pair
+        .frontend_events
+        .iter()
+        .filter_map(|e| match e {
+            MuxEvent::Opened {
+                ticket,
+                prologue,
+                token,
+                ..
+            } => Some((*ticket, prologue.clone(), *token)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        opened,
+        vec![(ticket, Bytes::from_static(PROLOGUE), Token([7; 16]))]
+    );
+    let f = pair.frontend_key(ticket);
+    let got = pair.frontend_read(f);
+    let mut want: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 3]).collect();
+    want.push(b"last".to_vec());
+    assert_eq!(items(&got), want.iter().map(|v| &v[..]).collect::<Vec<_>>());
+    assert_eq!(ends(&got), vec![&StreamEnd::Finished]);
+    // The end is delivered exactly once.
+    assert!(pair.frontend_read(f).is_empty());
+    assert_eq!(pair.frontend.stats().streams_finished, 1);
+    assert_eq!(pair.worker.stats().streams_finished, 1);
+}
+
+#[test]
+fn full_window_still_finishes() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for i in 0..32u32 {
+        pair.worker_send(s, &i.to_le_bytes());
+    }
+    assert_eq!(
+        pair.worker.send(pair.now, s, b"x"),
+        Err(SendError::WouldBlock(Blocked::Credit))
+    );
+    // The terminal record has its own credit: finishing a full window never wedges.
+    pair.worker_finish(s, b"");
+    pair.drive();
+    let got = pair.frontend_read(pair.frontend_key(ticket));
+    assert_eq!(items(&got).len(), 32);
+    assert_eq!(ends(&got), vec![&StreamEnd::Finished]);
+}
+
+#[test]
+fn sender_without_credit_waits_for_writable_then_resumes() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for _ in 0..32 {
+        pair.worker_send(s, b"item");
+    }
+    assert_eq!(
+        pair.worker.send(pair.now, s, b"item"),
+        Err(SendError::WouldBlock(Blocked::Credit))
+    );
+    pair.drive();
+    assert!(
+        !pair.worker_events.contains(&MuxEvent::Writable(s)),
+        "no credit before the consumer reads"
+    );
+    // The consumer reads half a window: one grant goes back, the sender may continue.
+    let f = pair.frontend_key(ticket);
+    for _ in 0..16 {
+        assert!(matches!(
+            pair.frontend.recv(pair.now, f),
+            Some(Recv::Item(_))
+        ));
+    }
+    pair.drive();
+    assert!(pair.worker_events.contains(&MuxEvent::Writable(s)));
+    assert_eq!(pair.worker.send_credit(s), Some(16));
+    pair.worker_send(s, b"item");
+    assert_eq!(pair.worker.stats().credit_stalls, 1);
+}
+
+#[test]
+fn grants_are_batched_never_one_per_record() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    let f_key = {
+        pair.drive();
+        pair.frontend_key(ticket)
+    };
+    let mut received = 0;
+    for round in 0..20 {
+        for i in 0..8u8 {
+            pair.worker.send(pair.now, s, &[round, i]).unwrap();
+        }
+        pair.drive();
+        received += items(&pair.frontend_read(f_key)).len();
+    }
+    assert_eq!(received, 160);
+    let grants = pair.frontend.stats().grants_sent;
+    // 160 records at window 32: a grant per 16 records, about 10, never 160.
+    assert!(
+        (9..=12).contains(&grants),
+        "{grants} grants for 160 records"
+    );
+}
+
+#[test]
+fn five_ms_policy_never_holds_a_record_longer_than_5ms() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    for step in 0..50u64 {
+        let sent_at = pair.now;
+        pair.worker.send(pair.now, s, &step.to_le_bytes()).unwrap();
+        // Let 1 ms pass between some sends so batches mix old and new records.
+        pair.advance(Duration::from_micros(700 * (step % 3)));
+        let before = pair.frontend.stats().records_received;
+        pair.advance(Duration::from_millis(5).saturating_sub(pair.now - sent_at));
+        assert!(
+            pair.frontend.stats().records_received > before || pair.worker.is_flushed(),
+            "a record waited more than 5 ms (step {step})"
+        );
+        assert!(
+            pair.worker.is_flushed(),
+            "record still queued 5 ms after it was sent (step {step})"
+        );
+        pair.frontend_read(f);
+    }
+    assert!(pair.worker.stats().flush_deadline > 0);
+}
+
+#[test]
+fn five_ms_policy_holds_records_until_the_deadline() {
+    let mut pair = Pair::new(default_configs());
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    pair.worker.send(pair.now, s, b"a").unwrap();
+    pair.advance(Duration::from_micros(4900));
+    assert!(!pair.worker.is_flushed(), "flushed before its deadline");
+    pair.advance(Duration::from_micros(100));
+    assert!(pair.worker.is_flushed());
+}
+
+#[test]
+fn greedy_policy_flushes_on_the_next_poll() {
+    let mut pair = Pair::new(configs(|b| b.flush(FlushPolicy::greedy())));
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.step_now();
+    let t0 = pair.now;
+    pair.worker.send(pair.now, s, b"a").unwrap();
+    assert!(
+        !pair.worker.ready_lanes().is_empty(),
+        "the lane is signalled at once"
+    );
+    assert!(pair.step_now());
+    assert!(pair.worker.is_flushed());
+    assert_eq!(pair.now, t0, "no virtual time passed");
+    assert!(pair.worker.stats().flush_greedy >= 1);
+}
+
+#[test]
+fn flush_hint_flushes_immediately() {
+    let mut pair = Pair::new(default_configs());
+    let (a, _) = pair.open_stream(PROLOGUE);
+    let (b, _) = pair.open_stream(PROLOGUE);
+    pair.worker.send(pair.now, a, b"x").unwrap();
+    pair.worker.send(pair.now, b, b"y").unwrap();
+    // Opening the batches only asks the writers to re-arm their timers: nothing is due yet.
+    let rearm = pair.worker.poll_ready_lanes();
+    assert!(!rearm.is_empty());
+    let mut chunks = Vec::new();
+    for lane in rearm.iter() {
+        assert!(
+            pair.worker
+                .poll_transmit(pair.now, lane, &mut chunks)
+                .is_none()
+        );
+    }
+    assert!(!pair.worker.is_flushed());
+    pair.worker.flush_hint(pair.now);
+    assert!(!pair.worker.poll_ready_lanes().is_empty());
+    pair.step_now();
+    assert!(pair.worker.is_flushed());
+    assert_eq!(
+        pair.worker.stats().flush_hint,
+        2,
+        "one batch per lane in use"
+    );
+}
+
+#[test]
+fn thousand_streams_spread_over_four_lanes_within_one_of_even() {
+    let mut pair = Pair::new(default_configs());
+    for _ in 0..1000 {
+        pair.open_stream(PROLOGUE);
+    }
+    let loads: Vec<u32> = (0..4)
+        .map(|i| pair.worker.lane_streams(LaneId(i)))
+        .collect();
+    let (min, max) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+    assert!(max - min <= 1, "{loads:?}");
+    assert_eq!(loads.iter().sum::<u32>(), 1000);
+}
+
+#[test]
+fn stop_is_graceful_items_keep_flowing_until_the_end() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    pair.frontend.stop(pair.now, f);
+    pair.drive();
+    assert!(pair.worker_events.contains(&MuxEvent::StopRequested(s)));
+    assert!(pair.worker.is_stop_requested(s));
+    pair.worker_send(s, b"after stop");
+    pair.worker_finish(s, b"");
+    pair.drive();
+    let got = pair.frontend_read(f);
+    assert_eq!(items(&got), vec![&b"after stop"[..]]);
+    assert_eq!(ends(&got), vec![&StreamEnd::Finished]);
+}
+
+#[test]
+fn heartbeats_keep_an_idle_connection_alive() {
+    let mut pair = Pair::new(default_configs());
+    pair.advance(Duration::from_secs(60));
+    for i in 0..4 {
+        assert_eq!(pair.worker.lane_state(LaneId(i)), LaneState::Up);
+        assert_eq!(pair.frontend.lane_state(LaneId(i)), LaneState::Up);
+    }
+    let hb = pair.worker.stats().heartbeats_sent;
+    // Every 10 s / 3 per lane: about 18 per lane in a minute.
+    assert!((60..=80).contains(&hb), "{hb} heartbeats");
+}
+
+#[test]
+fn heartbeats_do_not_wait_behind_queued_data() {
+    let mut pair = Pair::new(configs(|b| {
+        b.flush(FlushPolicy::with_max_delay(Duration::from_secs(10)))
+    }));
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    pair.advance(Duration::from_secs(3));
+    pair.worker.send(pair.now, s, b"slow batch").unwrap();
+    // The next heartbeat is due ~3.3 s after the last transmit: it flushes the batch with it.
+    pair.advance(Duration::from_millis(500));
+    assert!(
+        pair.worker.is_flushed(),
+        "the heartbeat went out with the queued record"
+    );
+    assert!(pair.worker.stats().flush_control >= 1);
+}
+
+#[test]
+fn a_one_mib_item_is_chained_and_arrives_intact() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    let big: Bytes = (0..1 << 20)
+        .map(|i: u32| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    pair.worker.send_bytes(pair.now, s, big.clone()).unwrap();
+    pair.worker.send(pair.now, s, b"small after").unwrap();
+    pair.worker.finish(pair.now, s, big.clone()).unwrap();
+    pair.drive();
+    let got = pair.frontend_read(pair.frontend_key(ticket));
+    assert_eq!(items(&got), vec![&big[..], &b"small after"[..], &big[..]]);
+    assert_eq!(ends(&got), vec![&StreamEnd::Finished]);
+}
+
+#[test]
+fn items_larger_than_a_frame_are_refused_locally() {
+    let w = MuxConfig::builder(Side::Worker)
+        .max_frame_len(4096)
+        .build()
+        .unwrap();
+    let mut pair = Pair::new((w, default_configs().1));
+    let (s, _) = pair.open_stream(PROLOGUE);
+    let err = pair.worker.send(pair.now, s, &[0; 8192]).unwrap_err();
+    assert!(
+        matches!(err, SendError::TooLarge { len: 8192, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_full_lane_buffer_holds_senders_back_until_it_drains() {
+    let w = MuxConfig::builder(Side::Worker)
+        .lanes(1)
+        .window(65_536)
+        .max_buffered_bytes(64 * 1024)
+        .build()
+        .unwrap();
+    let f = MuxConfig::builder(Side::Frontend)
+        .lanes(1)
+        .window(65_536)
+        .build()
+        .unwrap();
+    let mut pair = Pair::new((w, f));
+    let (s, _) = pair.open_stream(PROLOGUE);
+    let mut sent = 0;
+    let err = loop {
+        match pair.worker.send(pair.now, s, &[1; 1000]) {
+            Ok(()) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(sent < 1000, "the lane never filled");
+    };
+    assert_eq!(err, SendError::WouldBlock(Blocked::Lane));
+    assert!(pair.worker.lane_buffered(LaneId(0)) <= 64 * 1024 + 1100);
+    // A small terminal record is still taken.
+    pair.worker.finish(pair.now, s, Bytes::new()).unwrap();
+    pair.step_now();
+    assert!(
+        pair.worker_events
+            .contains(&MuxEvent::LaneWritable(LaneId(0)))
+    );
+}
+
+#[test]
+fn a_grant_to_a_nearly_stalled_worker_goes_out_at_once() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for _ in 0..32 {
+        pair.worker_send(s, b"x");
+    }
+    assert_eq!(
+        pair.worker.send(pair.now, s, b"x"),
+        Err(SendError::WouldBlock(Blocked::Credit))
+    );
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    // The worker has no credit left: the grant after 16 reads is urgent.
+    for _ in 0..16 {
+        pair.frontend.recv(pair.now, f);
+    }
+    assert!(
+        !pair.frontend.ready_lanes().is_empty(),
+        "flushed without waiting for the grant delay"
+    );
+    let t0 = pair.now;
+    pair.step_now();
+    assert_eq!(pair.now, t0);
+    assert!(pair.worker_events.contains(&MuxEvent::Writable(s)));
+}
+
+#[test]
+fn a_grant_to_a_worker_with_credit_to_spare_waits_for_the_grant_delay() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    for _ in 0..16 {
+        pair.worker_send(s, b"x");
+    }
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    for _ in 0..16 {
+        pair.frontend.recv(pair.now, f);
+    }
+    // The writer is asked to re-arm its timer, but nothing is due before the grant delay.
+    assert!(!pair.frontend.ready_lanes().is_empty());
+    pair.step_now();
+    assert_eq!(pair.worker.send_credit(s), Some(16));
+    pair.advance(Duration::from_millis(1));
+    assert_eq!(pair.worker.send_credit(s), Some(32));
+}
+
+#[test]
+fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
+    let mut pair = Pair::new(default_configs());
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    let lane = pair.worker.stream_lane(s).unwrap();
+    let mut chunks = Vec::new();
+    let _ = pair.worker.poll_ready_lanes();
+    // The writer last armed its timer for the next heartbeat, seconds away.
+    let armed = pair.worker.lane_timeout(lane).unwrap();
+    assert!(armed - pair.now > Duration::from_secs(1));
+    pair.worker.send(pair.now, s, b"a").unwrap();
+    // The first record moved the lane's deadline to now + 5 ms: the writer is told.
+    let ready = pair.worker.poll_ready_lanes();
+    assert_eq!(ready.iter().collect::<Vec<_>>(), vec![lane]);
+    assert!(
+        pair.worker
+            .poll_transmit(pair.now, lane, &mut chunks)
+            .is_none()
+    );
+    assert_eq!(
+        pair.worker.lane_timeout(lane),
+        Some(pair.now + Duration::from_millis(5))
+    );
+    // More records in the same batch do not wake it again.
+    pair.worker.send(pair.now, s, b"b").unwrap();
+    assert!(pair.worker.poll_ready_lanes().is_empty());
+}
