@@ -53,7 +53,7 @@ struct Bench {
     rx_front: Vec<BytesMut>,
     rx_worker: Vec<BytesMut>,
     chunks: Vec<Bytes>,
-    items: Vec<Bytes>,
+    items: std::collections::VecDeque<Bytes>,
     now: Instant,
     delivered: u64,
 }
@@ -95,7 +95,7 @@ impl Bench {
             rx_front: vec![BytesMut::with_capacity(256 * 1024); usize::from(LANES)],
             rx_worker: vec![BytesMut::with_capacity(64 * 1024); usize::from(LANES)],
             chunks: Vec::with_capacity(64),
-            items: Vec::with_capacity(64),
+            items: std::collections::VecDeque::with_capacity(64),
             now,
             delivered: 0,
         };

@@ -265,7 +265,8 @@ impl Mux {
         }
         self.stats.payload_bytes_received += len;
         if !last || !payload.is_empty() {
-            r.queue.push_back((payload, !last));
+            r.queue.push_back(payload);
+            r.final_queued = last;
             if !r.readable_signalled {
                 r.readable_signalled = true;
                 self.events.push_back(MuxEvent::Readable(key));

@@ -2,6 +2,8 @@
 
 use std::time::Instant;
 
+use std::collections::VecDeque;
+
 use bytes::Bytes;
 use velo_wire::{CancelCode, Record};
 
@@ -29,9 +31,11 @@ impl Mux {
         let Half::Recv(r) = &mut s.half else {
             return None;
         };
-        if let Some((item, used_credit)) = r.queue.pop_front() {
+        if let Some(item) = r.queue.pop_front() {
+            let used_credit = !(r.final_queued && r.queue.is_empty());
             if r.queue.is_empty() {
                 r.readable_signalled = false;
+                r.final_queued = false;
             }
             if used_credit && live {
                 self.consumed(now, key, lane, 1);
@@ -49,11 +53,14 @@ impl Mux {
 
     /// Frontend: moves every queued item of a stream into `out` (one call per wake instead of
     /// one per item) and returns the end if it was reached. Returns `None` for an unknown key.
+    ///
+    /// When `out` is empty the queues are swapped, not copied: the reader takes the whole
+    /// queue in O(1) and hands back its own (empty, allocated) deque for the next items.
     pub fn recv_all(
         &mut self,
         now: Instant,
         key: StreamKey,
-        out: &mut impl Extend<Bytes>,
+        out: &mut VecDeque<Bytes>,
     ) -> Option<Option<StreamEnd>> {
         let s = self.streams.get_mut(key)?;
         let lane = s.lane;
@@ -61,11 +68,15 @@ impl Mux {
         let Half::Recv(r) = &mut s.half else {
             return None;
         };
-        let mut credited = 0u32;
-        out.extend(r.queue.drain(..).map(|(item, used)| {
-            credited += u32::from(used);
-            item
-        }));
+        let taken = r.queue.len();
+        let credited =
+            u32::try_from(taken - usize::from(r.final_queued && taken > 0)).unwrap_or(u32::MAX);
+        if out.is_empty() {
+            std::mem::swap(out, &mut r.queue);
+        } else {
+            out.extend(r.queue.drain(..));
+        }
+        r.final_queued = false;
         r.readable_signalled = false;
         let end = if r.end_delivered {
             None
@@ -112,6 +123,7 @@ impl Mux {
             return;
         }
         r.queue.clear();
+        r.final_queued = false;
         if code != CancelCode::CANCELLED {
             self.stats.streams_refused += 1;
         }

@@ -47,9 +47,11 @@ pub(crate) struct SendHalf {
 /// records in flight or queued here.
 #[derive(Debug)]
 pub(crate) struct RecvHalf {
-    /// Items not yet read; the `bool` says whether the item used credit (DATA) or not (the
-    /// last item carried by FINAL).
-    pub(crate) queue: VecDeque<(Bytes, bool)>,
+    /// Items not yet read. Every one used credit (DATA) except, when `final_queued`, the last
+    /// (the item FINAL carried). A plain deque of `Bytes`, so a reader can take it whole.
+    pub(crate) queue: VecDeque<Bytes>,
+    /// The last queued item came with FINAL and used no credit.
+    pub(crate) final_queued: bool,
     /// The end, delivered after the queue drains.
     pub(crate) end: Option<StreamEnd>,
     /// The end was handed to the application.
@@ -74,6 +76,7 @@ impl RecvHalf {
     pub(crate) fn new(window: u32) -> Self {
         Self {
             queue: VecDeque::new(),
+            final_queued: false,
             end: None,
             end_delivered: false,
             seq: 0,
@@ -89,6 +92,7 @@ impl RecvHalf {
     /// Items queued that used credit.
     #[cfg(feature = "test-util")]
     pub(crate) fn queued_data(&self) -> u32 {
-        u32::try_from(self.queue.iter().filter(|(_, credit)| *credit).count()).unwrap_or(u32::MAX)
+        let data = self.queue.len() - usize::from(self.final_queued && !self.queue.is_empty());
+        u32::try_from(data).unwrap_or(u32::MAX)
     }
 }

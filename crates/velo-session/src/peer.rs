@@ -68,6 +68,11 @@ pub(crate) struct PeerState {
     wakers: Vec<Option<StreamWakers>>,
     lane_waiters: Vec<Vec<Waker>>,
     incoming: Vec<(StreamKey, u64, Token, Bytes)>,
+    /// Handles to wake once the lock is released (woken under it, a handle on another thread
+    /// would only run into the lock).
+    to_wake: Vec<Waker>,
+    /// A lane closed since the last check of the connection's liveness.
+    lane_closed: bool,
 }
 
 /// Wakers of one stream's handle, by what they wait for.
@@ -114,6 +119,8 @@ impl Peer {
                     wakers: Vec::new(),
                     lane_waiters,
                     incoming: Vec::new(),
+                    to_wake: Vec::new(),
+                    lane_closed: false,
                 }),
                 lanes,
                 instance,
@@ -215,7 +222,7 @@ impl Peer {
         let mut st = self.lock();
         let r = f(&mut st, clock::now());
         st.dispatch(&self.inner.lanes);
-        if !st.mux.is_connected() {
+        if std::mem::take(&mut st.lane_closed) && !st.mux.is_connected() {
             self.inner.alive.store(false, Ordering::Release);
         }
         let incoming = if st.incoming.is_empty() {
@@ -223,7 +230,15 @@ impl Peer {
         } else {
             std::mem::take(&mut st.incoming)
         };
+        let to_wake = if st.to_wake.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut st.to_wake)
+        };
         drop(st);
+        for w in to_wake {
+            w.wake();
+        }
         if !incoming.is_empty() {
             self.deliver(incoming);
         }
@@ -341,23 +356,32 @@ impl PeerState {
     fn dispatch(&mut self, lanes: &[LaneCtl]) {
         while let Some(event) = self.mux.poll_event() {
             match event {
-                MuxEvent::Readable(k) => wake(self.wakers_of(k).and_then(|w| w.recv.take())),
-                MuxEvent::Writable(k) => wake(self.wakers_of(k).and_then(|w| w.send.take())),
+                MuxEvent::Readable(k) => {
+                    let w = self.wakers_of(k).and_then(|w| w.recv.take());
+                    self.to_wake.extend(w);
+                }
+                MuxEvent::Writable(k) => {
+                    let w = self.wakers_of(k).and_then(|w| w.send.take());
+                    self.to_wake.extend(w);
+                }
                 MuxEvent::StopRequested(k) => {
                     if let Some(w) = self.wakers_of(k) {
-                        w.stop.drain(..).for_each(Waker::wake);
+                        let stop: Vec<Waker> = w.stop.drain(..).collect();
+                        self.to_wake.extend(stop);
                     }
                 }
                 MuxEvent::Closed { stream, .. } => {
                     if let Some(w) = self.wakers_of(stream) {
-                        wake(w.send.take());
-                        w.stop.drain(..).for_each(Waker::wake);
-                        w.closed.drain(..).for_each(Waker::wake);
+                        let mut all: Vec<Waker> = w.send.take().into_iter().collect();
+                        all.extend(w.stop.drain(..));
+                        all.extend(w.closed.drain(..));
+                        self.to_wake.extend(all);
                     }
                 }
                 MuxEvent::LaneWritable(lane) => self.wake_lane_waiters(lane),
                 MuxEvent::LaneClosed { lane, error } => {
                     tracing::debug!(%lane, %error, "lane closed");
+                    self.lane_closed = true;
                     self.wake_lane_waiters(lane);
                     if let Some(ctl) = lanes.get(usize::from(lane.0)) {
                         ctl.notify.notify_one();
@@ -383,15 +407,7 @@ impl PeerState {
 
     fn wake_lane_waiters(&mut self, lane: LaneId) {
         if let Some(list) = self.lane_waiters.get_mut(usize::from(lane.0)) {
-            for w in list.drain(..) {
-                w.wake();
-            }
+            self.to_wake.append(list);
         }
-    }
-}
-
-fn wake(w: Option<Waker>) {
-    if let Some(w) = w {
-        w.wake();
     }
 }
