@@ -345,37 +345,30 @@ impl PeerState {
         slot.as_mut().expect("set just above")
     }
 
-    fn wakers_of(&mut self, key: StreamKey) -> Option<&mut StreamWakers> {
-        self.wakers
-            .get_mut(key.index() as usize)?
-            .as_mut()
-            .filter(|w| w.generation == key.generation())
-    }
-
-    /// Turns the mux's events into wakeups.
+    /// Turns the mux's events into wakeups (collected in `to_wake`, woken after unlock).
     fn dispatch(&mut self, lanes: &[LaneCtl]) {
         while let Some(event) = self.mux.poll_event() {
             match event {
                 MuxEvent::Readable(k) => {
-                    let w = self.wakers_of(k).and_then(|w| w.recv.take());
-                    self.to_wake.extend(w);
+                    if let Some(w) = wakers_of(&mut self.wakers, k).and_then(|w| w.recv.take()) {
+                        self.to_wake.push(w);
+                    }
                 }
                 MuxEvent::Writable(k) => {
-                    let w = self.wakers_of(k).and_then(|w| w.send.take());
-                    self.to_wake.extend(w);
+                    if let Some(w) = wakers_of(&mut self.wakers, k).and_then(|w| w.send.take()) {
+                        self.to_wake.push(w);
+                    }
                 }
                 MuxEvent::StopRequested(k) => {
-                    if let Some(w) = self.wakers_of(k) {
-                        let stop: Vec<Waker> = w.stop.drain(..).collect();
-                        self.to_wake.extend(stop);
+                    if let Some(w) = wakers_of(&mut self.wakers, k) {
+                        self.to_wake.append(&mut w.stop);
                     }
                 }
                 MuxEvent::Closed { stream, .. } => {
-                    if let Some(w) = self.wakers_of(stream) {
-                        let mut all: Vec<Waker> = w.send.take().into_iter().collect();
-                        all.extend(w.stop.drain(..));
-                        all.extend(w.closed.drain(..));
-                        self.to_wake.extend(all);
+                    if let Some(w) = wakers_of(&mut self.wakers, stream) {
+                        self.to_wake.extend(w.send.take());
+                        self.to_wake.append(&mut w.stop);
+                        self.to_wake.append(&mut w.closed);
                     }
                 }
                 MuxEvent::LaneWritable(lane) => self.wake_lane_waiters(lane),
@@ -410,4 +403,13 @@ impl PeerState {
             self.to_wake.append(list);
         }
     }
+}
+
+/// The wakers of `key`, if its slot still holds that generation. A free function so that
+/// `dispatch` can borrow the wakers and the wake list at once.
+fn wakers_of(wakers: &mut [Option<StreamWakers>], key: StreamKey) -> Option<&mut StreamWakers> {
+    wakers
+        .get_mut(key.index() as usize)?
+        .as_mut()
+        .filter(|w| w.generation == key.generation())
 }
