@@ -93,6 +93,10 @@ pub struct ResponsePlaneConfig {
     pub window: u32,
     /// Silence after which a lane is declared dead (velo).
     pub idle_timeout: Duration,
+    /// Flush a stream's prologue, first item and end at once, whatever the batching delay
+    /// (velo; on by default): TTFT and completion never wait for a batch, the items in
+    /// between do. Off reproduces a plain fixed delay (Dynamo PR #15231's 5 ms arm).
+    pub eager_edges: bool,
     /// UCX transports for the velo plane over UCX (`UCX_TLS` syntax, such as `tcp`), applied
     /// to the plane's own UCX context; `None` keeps UCX's setting (its `UCX_TLS` environment
     /// variable, or every transport). Not read from the environment by this crate: UCX reads
@@ -115,6 +119,7 @@ impl Default for ResponsePlaneConfig {
             lanes: velo_mux::DEFAULT_LANES,
             window: velo_mux::DEFAULT_WINDOW,
             idle_timeout: velo_mux::DEFAULT_IDLE_TIMEOUT,
+            eager_edges: true,
             ucx_tls: None,
             ucx_net_devices: None,
         }
@@ -230,9 +235,13 @@ impl ResponsePlaneConfig {
 
     /// The velo plane's flush policy.
     pub(crate) fn flush_policy(&self) -> velo_mux::FlushPolicy {
-        match self.batching {
+        let policy = match self.batching {
             Batching::Greedy => velo_mux::FlushPolicy::greedy(),
             Batching::Delay(d) => velo_mux::FlushPolicy::with_max_delay(d),
+        };
+        velo_mux::FlushPolicy {
+            eager_edges: self.eager_edges,
+            ..policy
         }
     }
 }
@@ -251,4 +260,32 @@ fn digits(s: &str) -> Option<u64> {
         return None;
     }
     s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flush_policy_carries_batching_and_eager_edges() {
+        let c = ResponsePlaneConfig::default();
+        let p = c.flush_policy();
+        assert_eq!(p.max_delay, DEFAULT_BATCH_DELAY);
+        assert!(p.eager_edges, "edges flush at once by default");
+
+        let plain = ResponsePlaneConfig {
+            eager_edges: false,
+            batching: Batching::Greedy,
+            ..c
+        };
+        let p = plain.flush_policy();
+        assert!(!p.eager_edges);
+        assert_eq!(
+            p,
+            velo_mux::FlushPolicy {
+                eager_edges: false,
+                ..velo_mux::FlushPolicy::greedy()
+            }
+        );
+    }
 }

@@ -40,8 +40,9 @@ pub struct PlaneStats {
     pub batches_sent: u64,
     /// Records per written batch, histogram over [`BATCH_RECORDS_BUCKETS`] (velo).
     pub batch_records: [u64; 12],
-    /// Batches flushed by: control records, the flush hint, size, deadline, greedy (velo).
-    pub flush_reasons: [u64; 5],
+    /// Batches flushed by: control records, the flush hint, size, deadline, greedy, a
+    /// stream's edge records (velo).
+    pub flush_reasons: [u64; 6],
     /// Sends that waited for credit (velo).
     pub credit_stalls: u64,
     /// Records dropped for naming a stream that is gone (velo).
@@ -55,7 +56,7 @@ pub struct PlaneStats {
 }
 
 /// Names of [`PlaneStats::flush_reasons`] entries, in order.
-pub const FLUSH_REASONS: [&str; 5] = ["control", "hint", "size", "deadline", "greedy"];
+pub const FLUSH_REASONS: [&str; 6] = ["control", "hint", "size", "deadline", "greedy", "edge"];
 
 impl PlaneStats {
     /// Streams currently open on the transport (velo).
@@ -101,6 +102,7 @@ impl PlaneStats {
             m.flush_size,
             m.flush_deadline,
             m.flush_greedy,
+            m.flush_edge,
         ]) {
             *a += b;
         }

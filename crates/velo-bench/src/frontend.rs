@@ -52,6 +52,12 @@ pub struct FrontendReport {
     pub ttft_p50_ms: f64,
     /// TTFT p99, ms.
     pub ttft_p99_ms: f64,
+    /// Time from sending the request to the prologue (the stream established), ms: p50.
+    #[serde(default)]
+    pub prologue_p50_ms: f64,
+    /// Time to the prologue, ms: p99.
+    #[serde(default)]
+    pub prologue_p99_ms: f64,
     /// Request latency p50, ms.
     pub latency_p50_ms: f64,
     /// Request latency p99, ms.
@@ -83,6 +89,7 @@ struct Shared {
 
 struct Stats {
     ttft: Histogram<u64>,
+    prologue: Histogram<u64>,
     latency: Histogram<u64>,
     itl: Histogram<u64>,
     requests: u64,
@@ -110,6 +117,7 @@ pub async fn run<F: BenchFrontend>(
         next_id: AtomicU64::new(0),
         stats: Mutex::new(Stats {
             ttft: hist(),
+            prologue: hist(),
             latency: hist(),
             itl: hist(),
             requests: 0,
@@ -170,6 +178,8 @@ pub async fn run<F: BenchFrontend>(
         tokens: st.tokens,
         window_s,
         ttft_p50_ms: ms(&st.ttft, 0.5),
+        prologue_p50_ms: ms(&st.prologue, 0.5),
+        prologue_p99_ms: ms(&st.prologue, 0.99),
         ttft_p99_ms: ms(&st.ttft, 0.99),
         latency_p50_ms: ms(&st.latency, 0.5),
         latency_p99_ms: ms(&st.latency, 0.99),
@@ -231,13 +241,14 @@ async fn client<F: BenchFrontend>(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match outcome {
-            Ok((first, last, n)) => {
+            Ok((established, first, last, n)) => {
                 if done_in_window {
                     st.requests += 1;
                 }
                 if in_window {
                     let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
                     let _ = st.ttft.record(us(first - t0));
+                    let _ = st.prologue.record(us(established - t0));
                     let _ = st.latency.record(us(last - t0));
                     if n > 1 {
                         let _ = st
@@ -270,7 +281,8 @@ fn merge(into: &mut Vec<u64>, from: &mut Vec<u64>) {
     from.clear();
 }
 
-/// Sends one request and reads its stream: (first token time, last token time, tokens).
+/// Sends one request and reads its stream: (prologue time, first token time, last token time,
+/// tokens).
 #[allow(clippy::too_many_arguments)]
 async fn one_request<F: BenchFrontend>(
     plane: &F,
@@ -282,7 +294,7 @@ async fn one_request<F: BenchFrontend>(
     series: &mut Vec<u64>,
     window_tokens: &mut u64,
     bucket_of: impl Fn(Instant) -> usize,
-) -> Result<(Instant, Instant, u64), String> {
+) -> Result<(Instant, Instant, Instant, u64), String> {
     let request = Request {
         id,
         worker: engine,
@@ -291,6 +303,7 @@ async fn one_request<F: BenchFrontend>(
         info: String::new(),
     };
     let mut stream = plane.request(process, request).await?;
+    let established = Instant::now();
     let mut first = None;
     let mut last = Instant::now();
     let mut n = 0u64;
@@ -313,5 +326,5 @@ async fn one_request<F: BenchFrontend>(
     if n < u64::from(opts.osl) {
         return Err(format!("stream ended after {n} of {} tokens", opts.osl));
     }
-    Ok((first.unwrap_or(last), last, n))
+    Ok((established, first.unwrap_or(last), last, n))
 }

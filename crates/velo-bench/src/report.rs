@@ -27,6 +27,8 @@ pub struct Figures {
     pub ttft_p50_ms: f64,
     /// TTFT p99, ms.
     pub ttft_p99_ms: f64,
+    /// Request to prologue (stream established), p50, ms.
+    pub prologue_p50_ms: f64,
     /// Request latency p99, ms.
     pub latency_p99_ms: f64,
     /// p99 over requests of each request's mean inter-token gap, ms.
@@ -56,6 +58,7 @@ impl Figures {
             connections: run.connections as f64,
             ttft_p50_ms: r.ttft_p50_ms,
             ttft_p99_ms: r.ttft_p99_ms,
+            prologue_p50_ms: r.prologue_p50_ms,
             latency_p99_ms: r.latency_p99_ms,
             itl_mean_p99_ms: r.itl_mean_p99_ms,
             errors: r.errors as f64,
@@ -77,6 +80,7 @@ impl Figures {
             connections: m(|f| f.connections),
             ttft_p50_ms: m(|f| f.ttft_p50_ms),
             ttft_p99_ms: m(|f| f.ttft_p99_ms),
+            prologue_p50_ms: m(|f| f.prologue_p50_ms),
             latency_p99_ms: m(|f| f.latency_p99_ms),
             itl_mean_p99_ms: m(|f| f.itl_mean_p99_ms),
             errors: m(|f| f.errors),

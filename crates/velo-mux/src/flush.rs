@@ -19,6 +19,8 @@ pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 1024;
 ///
 /// A batch is flushed when the first of these happens:
 /// - control records are pending that must not wait (stop, cancel, heartbeat, goaway);
+/// - a stream's first records are pending and `eager_edges` is on (the default), so the
+///   prologue and the first token never wait for a batch;
 /// - the application asked for it with a flush hint (an engine does so once per forward pass,
 ///   so batching then adds no delay at all);
 /// - the batch reached `max_batch_bytes` or `max_batch_records`;
@@ -32,6 +34,12 @@ pub struct FlushPolicy {
     pub max_batch_bytes: usize,
     /// Record count at which a batch is flushed regardless of time.
     pub max_batch_records: u32,
+    /// Flush a stream's edge records at once, whatever `max_delay` says: its OPEN (the
+    /// prologue), its first item (the first token: TTFT) and its end (FINAL or ERROR: the
+    /// request's completion). Those are what users feel; the items in between batch as
+    /// usual. On by default. (Delaying ends also makes a closed-loop load send its next
+    /// requests in clumps, which lengthens prefill passes and so every TTFT.)
+    pub eager_edges: bool,
 }
 
 impl Default for FlushPolicy {
@@ -40,6 +48,7 @@ impl Default for FlushPolicy {
             max_delay: DEFAULT_MAX_DELAY,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             max_batch_records: DEFAULT_MAX_BATCH_RECORDS,
+            eager_edges: true,
         }
     }
 }
@@ -59,6 +68,8 @@ pub struct Pending {
     pub urgent: bool,
     /// The application asked for a flush.
     pub hinted: bool,
+    /// A stream's edge records are pending (see [`FlushPolicy::eager_edges`]).
+    pub edge: bool,
 }
 
 /// What the policy decided.
@@ -85,6 +96,9 @@ pub enum FlushReason {
     Deadline,
     /// Greedy policy: data was pending.
     Greedy,
+    /// A stream's edge records (its OPEN with the prologue, its first item, its end) went
+    /// out without waiting.
+    Edge,
 }
 
 impl FlushPolicy {
@@ -114,6 +128,9 @@ impl FlushPolicy {
         }
         if pending.hinted {
             return Flush::Now(FlushReason::Hint);
+        }
+        if pending.edge && self.eager_edges {
+            return Flush::Now(FlushReason::Edge);
         }
         if pending.bytes >= self.max_batch_bytes || pending.records >= self.max_batch_records {
             return Flush::Now(FlushReason::Size);
@@ -266,6 +283,25 @@ mod tests {
             ..Pending::default()
         };
         check(policy, recs, t0, Flush::Now(FlushReason::Size));
+    }
+
+    #[test]
+    fn a_streams_edge_records_flush_at_once_unless_turned_off() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let p = Pending {
+            records: 1,
+            bytes: 40,
+            oldest: Some(t0),
+            edge: true,
+            ..Pending::default()
+        };
+        check(FlushPolicy::default(), p, t0, Flush::Now(FlushReason::Edge));
+        let off = FlushPolicy {
+            eager_edges: false,
+            ..FlushPolicy::default()
+        };
+        check(off, p, t0, Flush::At(at(t0, 5)));
     }
 
     #[test]

@@ -118,6 +118,8 @@ pub(crate) struct Tx {
     pub(crate) grant_deadline: Option<Instant>,
     pub(crate) urgent: bool,
     pub(crate) hinted: bool,
+    /// A stream's edge records (OPEN, first item, end) are in the open batch.
+    pub(crate) edge: bool,
     /// The lane's earliest deadline moved earlier (a batch opened, or a first grant was
     /// queued): the driver must re-arm its timer.
     pub(crate) rearm: bool,
@@ -141,6 +143,7 @@ impl Tx {
             grant_deadline: None,
             urgent: false,
             hinted: false,
+            edge: false,
             rearm: false,
             ready: VecDeque::new(),
             ready_bytes: 0,
@@ -170,6 +173,7 @@ impl Tx {
             grant_deadline: self.grant_deadline,
             urgent: self.urgent,
             hinted: self.hinted,
+            edge: self.edge,
         }
     }
 
@@ -217,6 +221,7 @@ impl Tx {
         self.grant_deadline = None;
         self.urgent = false;
         self.hinted = false;
+        self.edge = false;
         Some(records)
     }
 
@@ -258,6 +263,7 @@ impl Tx {
         self.grant_deadline = None;
         self.urgent = false;
         self.hinted = false;
+        self.edge = false;
         self.ready.clear();
         self.ready_bytes = 0;
     }

@@ -465,6 +465,7 @@ impl Mux {
             FlushReason::Size => self.stats.flush_size += 1,
             FlushReason::Deadline => self.stats.flush_deadline += 1,
             FlushReason::Greedy => self.stats.flush_greedy += 1,
+            FlushReason::Edge => self.stats.flush_edge += 1,
         }
     }
 

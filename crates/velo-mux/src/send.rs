@@ -74,6 +74,7 @@ impl Mux {
         self.push_with(lane, len, now, |out| {
             encode_open(out, wire, ticket, token, prologue)
         });
+        self.lanes[i].tx.edge = true;
         self.update_ready(lane, now);
         Ok(key)
     }
@@ -93,7 +94,7 @@ impl Mux {
             encode_data_header(out, DataKind::Data, wire, seq, len);
             out.extend_from_slice(payload);
         });
-        self.after_data(now, lane, payload.len());
+        self.after_data(now, lane, seq, payload.len());
         Ok(())
     }
 
@@ -119,7 +120,7 @@ impl Mux {
         self.push_chained(lane, header, payload, |out| {
             encode_data_header(out, DataKind::Data, wire, seq, len);
         });
-        self.after_data(now, lane, n);
+        self.after_data(now, lane, seq, n);
         Ok(())
     }
 
@@ -151,6 +152,8 @@ impl Mux {
             });
         }
         self.stats.payload_bytes_sent += n as u64;
+        // The end is an edge record: the request's completion does not wait for a batch.
+        self.lanes[usize::from(lane.0)].tx.edge = true;
         self.end_stream(key, Event::Finish, StreamEnd::Finished);
         self.update_ready(lane, now);
         Ok(())
@@ -192,6 +195,8 @@ impl Mux {
         self.push_record(lane, &record, false);
         let tx = &mut self.lanes[usize::from(lane.0)].tx;
         tx.touch(now);
+        // An end (here abnormal) is an edge record: it does not wait for a batch.
+        tx.edge = true;
         self.end_stream(key, Event::Error, StreamEnd::Reset(code));
         self.update_ready(lane, now);
         Ok(())
@@ -294,8 +299,12 @@ impl Mux {
         Ok((lane, wire, seq))
     }
 
-    fn after_data(&mut self, now: Instant, lane: LaneId, payload_len: usize) {
+    fn after_data(&mut self, now: Instant, lane: LaneId, seq: u32, payload_len: usize) {
         self.stats.payload_bytes_sent += payload_len as u64;
+        if seq == 0 {
+            // The stream's first item: it goes out without waiting for the batch.
+            self.lanes[usize::from(lane.0)].tx.edge = true;
+        }
         self.update_ready(lane, now);
     }
 }

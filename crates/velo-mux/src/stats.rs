@@ -38,6 +38,8 @@ pub struct MuxStats {
     pub flush_deadline: u64,
     /// Batches flushed by the greedy policy.
     pub flush_greedy: u64,
+    /// Batches flushed at once for a stream's edge records (prologue, first item, end).
+    pub flush_edge: u64,
     /// Sends refused for lack of stream credit.
     pub credit_stalls: u64,
     /// Sends refused because the lane buffer was full.

@@ -157,7 +157,9 @@ fn five_ms_policy_never_holds_a_record_longer_than_5ms() {
 fn five_ms_policy_holds_records_until_the_deadline() {
     let mut pair = Pair::new(default_configs());
     let (s, _) = pair.open_stream(PROLOGUE);
+    pair.worker.send(pair.now, s, b"first").unwrap();
     pair.drive();
+    // Past the stream's first item, records wait for their batch.
     pair.worker.send(pair.now, s, b"a").unwrap();
     pair.advance(Duration::from_micros(4900));
     assert!(!pair.worker.is_flushed(), "flushed before its deadline");
@@ -169,6 +171,7 @@ fn five_ms_policy_holds_records_until_the_deadline() {
 fn greedy_policy_flushes_on_the_next_poll() {
     let mut pair = Pair::new(configs(|b| b.flush(FlushPolicy::greedy())));
     let (s, _) = pair.open_stream(PROLOGUE);
+    pair.worker.send(pair.now, s, b"first").unwrap();
     pair.step_now();
     let t0 = pair.now;
     pair.worker.send(pair.now, s, b"a").unwrap();
@@ -187,6 +190,9 @@ fn flush_hint_flushes_immediately() {
     let mut pair = Pair::new(default_configs());
     let (a, _) = pair.open_stream(PROLOGUE);
     let (b, _) = pair.open_stream(PROLOGUE);
+    pair.worker.send(pair.now, a, b"first").unwrap();
+    pair.worker.send(pair.now, b, b"first").unwrap();
+    pair.drive();
     pair.worker.send(pair.now, a, b"x").unwrap();
     pair.worker.send(pair.now, b, b"y").unwrap();
     // Opening the batches only asks the writers to re-arm their timers: nothing is due yet.
@@ -202,7 +208,7 @@ fn flush_hint_flushes_immediately() {
     }
     assert!(!pair.worker.is_flushed());
     pair.worker.flush_hint(pair.now);
-    assert!(!pair.worker.poll_ready_lanes().is_empty());
+    assert!(!pair.worker.ready_lanes().is_empty());
     pair.step_now();
     assert!(pair.worker.is_flushed());
     assert_eq!(
@@ -392,6 +398,7 @@ fn a_grant_to_a_worker_with_credit_to_spare_waits_for_the_grant_delay() {
 fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
     let mut pair = Pair::new(default_configs());
     let (s, _) = pair.open_stream(PROLOGUE);
+    pair.worker.send(pair.now, s, b"first").unwrap();
     pair.drive();
     let lane = pair.worker.stream_lane(s).unwrap();
     let mut chunks = Vec::new();
@@ -415,4 +422,55 @@ fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
     // More records in the same batch do not wake it again.
     pair.worker.send(pair.now, s, b"b").unwrap();
     assert!(pair.worker.poll_ready_lanes().is_empty());
+}
+
+#[test]
+fn a_streams_prologue_first_item_and_end_never_wait_for_the_batch() {
+    let mut pair = Pair::new(default_configs());
+    let t0 = pair.now;
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    // The OPEN goes out at once, under the 5 ms policy.
+    assert!(pair.step_now());
+    assert!(pair.worker.is_flushed());
+    assert!(
+        pair.accepted.contains_key(&ticket),
+        "the frontend has the prologue at t0"
+    );
+    // So does the first item...
+    pair.worker.send(pair.now, s, b"first token").unwrap();
+    assert!(pair.step_now());
+    assert!(pair.worker.is_flushed());
+    assert_eq!(pair.now, t0, "no virtual time passed");
+    // ...but later items batch...
+    pair.worker.send(pair.now, s, b"second").unwrap();
+    pair.step_now();
+    assert!(
+        !pair.worker.is_flushed(),
+        "the second item waits for its batch"
+    );
+    // ...until the end, which takes them along at once.
+    pair.worker_finish(s, b"");
+    pair.step_now();
+    assert!(pair.worker.is_flushed(), "the end does not wait");
+    assert_eq!(pair.now, t0);
+    let f = pair.frontend_key(ticket);
+    assert_eq!(
+        items(&pair.frontend_read(f)),
+        vec![&b"first token"[..], &b"second"[..]]
+    );
+    assert_eq!(pair.worker.stats().flush_edge, 3);
+}
+
+#[test]
+fn without_eager_edges_even_the_prologue_waits_for_the_batch() {
+    let policy = FlushPolicy {
+        eager_edges: false,
+        ..FlushPolicy::default()
+    };
+    let mut pair = Pair::new(configs(|b| b.flush(policy)));
+    let (_s, ticket) = pair.open_stream(PROLOGUE);
+    pair.step_now();
+    assert!(!pair.accepted.contains_key(&ticket));
+    pair.advance(Duration::from_millis(5));
+    assert!(pair.accepted.contains_key(&ticket));
 }

@@ -279,6 +279,7 @@ pub fn add_stats(a: &mut MuxStats, b: &MuxStats) {
         flush_size,
         flush_deadline,
         flush_greedy,
+        flush_edge,
         credit_stalls,
         lane_stalls,
         grants_sent,
