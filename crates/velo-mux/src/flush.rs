@@ -19,8 +19,9 @@ pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 1024;
 ///
 /// A batch is flushed when the first of these happens:
 /// - control records are pending that must not wait (stop, cancel, heartbeat, goaway);
-/// - a stream's first records are pending and `eager_edges` is on (the default), so the
-///   prologue and the first token never wait for a batch;
+/// - a stream's edge records are pending (its OPEN, its first item, its FINAL or ERROR) and
+///   `eager_edges` is on (the default), so the prologue, the first token and the end never
+///   wait for a batch;
 /// - the application asked for it with a flush hint (an engine does so once per forward pass,
 ///   so batching then adds no delay at all);
 /// - the batch reached `max_batch_bytes` or `max_batch_records`;
