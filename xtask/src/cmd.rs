@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::fmt;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -94,6 +95,33 @@ impl Cmd {
         String::from_utf8(out.stdout).map_err(|_| format!("`{self}` printed non-UTF-8").into())
     }
 
+    /// Runs a `cargo test` command with its output passed through, and returns how many tests
+    /// ran (the sum of the `passed` counts of every `test result:` line it printed).
+    pub(crate) fn run_tests(&self) -> Result<TestCount> {
+        self.echo();
+        let mut child = self
+            .command()
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run `{self}`: {e}"))?;
+        let mut count = TestCount::default();
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines() {
+                let line = line.map_err(|e| format!("reading the output of `{self}`: {e}"))?;
+                println!("{line}");
+                count.add_line(&line);
+            }
+        }
+        let status = child
+            .wait()
+            .map_err(|e| format!("cannot wait for `{self}`: {e}"))?;
+        if status.success() {
+            Ok(count)
+        } else {
+            Err(format!("`{self}` failed ({status})").into())
+        }
+    }
+
     /// Whether the command runs and exits successfully; its error output is hidden, since a
     /// failure is an answer here, not a problem.
     pub(crate) fn succeeds(&self) -> bool {
@@ -135,6 +163,37 @@ impl fmt::Display for Cmd {
     }
 }
 
+/// Tests counted from `cargo test` output.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TestCount {
+    /// Tests that ran and passed.
+    pub(crate) passed: u64,
+    /// Tests marked `#[ignore]`, not run.
+    pub(crate) ignored: u64,
+}
+
+impl TestCount {
+    /// Adds the counts of a `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line; other
+    /// lines are ignored.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Quotes a word for echoing when a shell would split it.
 fn quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_=./:,@+".contains(c);
@@ -148,6 +207,27 @@ fn quote(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_counts_add_up_over_every_result_line() {
+        let mut count = TestCount::default();
+        for line in [
+            "running 3 tests",
+            "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "test a_passed_test ... ok",
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+            "   test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+        ] {
+            count.add_line(line);
+        }
+        assert_eq!(
+            count,
+            TestCount {
+                passed: 15,
+                ignored: 1
+            }
+        );
+    }
 
     #[test]
     fn echo_shows_env_and_quotes_words_with_spaces() {

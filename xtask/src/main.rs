@@ -8,6 +8,7 @@ mod bench;
 mod ci;
 mod cmd;
 mod flags;
+mod flaky;
 mod fuzz_smoke;
 mod layers;
 mod metadata;
@@ -28,6 +29,8 @@ Commands:
                            peers-smoke (velo-bench's smoke test with the peer arms), fuzz-smoke
   test-matrix              cargo test -p <crate> over each crate's feature sets
   check-layers             fail on dependency edges against the crate layering
+  flaky [--runs N]         the test matrix N times (3) while one busy thread per core
+                           competes with it: finds tests that depend on timing
   fuzz-smoke [--secs N]    replay the fuzz corpus; with cargo-fuzz, fuzz each target N s (10)
   bench [--save NAME | --baseline NAME]
                            criterion benches of velo-wire and velo-mux
@@ -69,6 +72,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             flags::parse(rest, &[])?;
             layers::run()?;
         }
+        "flaky" => flaky::run(flaky::Options::parse(rest)?)?,
         "fuzz-smoke" => fuzz_smoke::run(fuzz_smoke::Options::parse(rest)?)?,
         "bench" => bench::run(&bench::Options::parse(rest)?)?,
         "soak" => soak::run(&soak::Options::parse(rest)?)?,

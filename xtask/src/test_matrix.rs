@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::Result;
-use crate::cmd::Cmd;
+use crate::cmd::{Cmd, TestCount};
 use crate::metadata::{self, Package};
 use crate::ucx;
 
@@ -104,7 +104,49 @@ impl Features {
     }
 }
 
-pub(crate) fn run() -> Result {
+/// A row that will run: what to print and the `cargo test` arguments.
+#[derive(Debug, Clone)]
+pub(crate) struct Planned {
+    /// `crate --flags`, as printed.
+    pub(crate) label: String,
+    args: Vec<String>,
+}
+
+impl Planned {
+    /// The row's `cargo test` command, plus `extra` arguments (such as `--no-run`).
+    pub(crate) fn command(&self, extra: &[&str]) -> Cmd {
+        Cmd::cargo()
+            .arg("test")
+            .args(self.args.iter().cloned())
+            .args(extra.iter().copied())
+    }
+
+    /// Runs the row's tests.
+    ///
+    /// # Errors
+    ///
+    /// When a test fails, or when the row ran no test at all: a row that compiles nothing is
+    /// a hole in the matrix, not a pass.
+    pub(crate) fn run(&self) -> Result<TestCount> {
+        let label = &self.label;
+        let count = self
+            .command(&[])
+            .run_tests()
+            .map_err(|e| format!("test-matrix: row `{label}` failed: {e}"))?;
+        if count.passed == 0 {
+            return Err(format!(
+                "test-matrix: row `{label}` ran no tests: a row that tests nothing is a hole in \
+                 the matrix (add tests, or remove the row)"
+            )
+            .into());
+        }
+        Ok(count)
+    }
+}
+
+/// The rows to run on this machine, and how many were skipped (UCX missing, a feature not
+/// declared, the same features as an earlier row).
+pub(crate) fn plan() -> Result<(Vec<Planned>, usize)> {
     let ws = metadata::workspace()?;
     let needs_ucx = MATRIX.iter().any(|r| matches!(r.needs, Needs::Ucx));
     let ucx_rows = needs_ucx
@@ -113,10 +155,11 @@ pub(crate) fn run() -> Result {
             ucx::INSTALL_HINT
         ))?;
     let mut done: Vec<(&str, BTreeSet<String>)> = Vec::new();
+    let mut planned = Vec::new();
     let mut skipped = 0;
     for row in MATRIX {
         let label = format!("{} {}", row.krate, row.features.args().join(" "));
-        let label = label.trim_end();
+        let label = label.trim_end().to_owned();
         if matches!(row.needs, Needs::Ucx) && !ucx_rows {
             skipped += 1;
             continue;
@@ -142,18 +185,45 @@ pub(crate) fn run() -> Result {
             skipped += 1;
             continue;
         }
-        Cmd::cargo()
-            .args(["test", "-p", row.krate])
-            .args(row.features.args())
-            .run()
-            .map_err(|e| format!("test-matrix: row `{label}` failed: {e}"))?;
         done.push((row.krate, features));
+        let args = ["-p".to_owned(), row.krate.to_owned()]
+            .into_iter()
+            .chain(row.features.args())
+            .collect();
+        planned.push(Planned { label, args });
     }
+    Ok((planned, skipped))
+}
+
+pub(crate) fn run() -> Result {
+    let (rows, skipped) = plan()?;
+    let mut counts = Vec::with_capacity(rows.len());
+    for row in &rows {
+        counts.push((row.label.as_str(), row.run()?));
+    }
+    println!("\ntest-matrix: tests per row");
+    for (label, count) in &counts {
+        println!(
+            "  {label:<40}{:>6} passed{}",
+            count.passed,
+            ignored_note(count.ignored)
+        );
+    }
+    let total: u64 = counts.iter().map(|(_, c)| c.passed).sum();
     println!(
-        "test-matrix: ok ({} rows run, {skipped} skipped)",
-        done.len()
+        "test-matrix: ok ({} rows run, {skipped} skipped, {total} tests passed)",
+        rows.len()
     );
     Ok(())
+}
+
+/// `, N ignored` when tests were ignored (each `#[ignore]` carries a note saying why).
+pub(crate) fn ignored_note(ignored: u64) -> String {
+    if ignored == 0 {
+        String::new()
+    } else {
+        format!(", {ignored} ignored")
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,13 @@ use response_plane::{ConnectionInfo, Plane, RegisterOptions, ResponseError};
 use runtime_glue::{ResponseService, Roles, ServiceConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Resolves `f`, failing the test after a generous bound.
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("the stream made progress within 30 s")
+}
+
 async fn scrape(service: &ResponseService) -> String {
     let addr = service.metrics_addr().expect("a metrics endpoint");
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -59,6 +66,8 @@ async fn run(plane: Plane) {
         "DYN_RESPONSE_PLANE" => Some(plane.name().to_owned()),
         "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".to_owned()),
         "DYN_VELO_METRICS_ADDR" => Some("127.0.0.1:0".to_owned()),
+        // Batches wait up to 10 s, so below only an edge, a hint or a heartbeat flushes.
+        "DYN_VELO_RESPONSE_BATCH_MS" => Some("10000".to_owned()),
         _ => None,
     };
     let service = ResponseService::start(ServiceConfig::from_lookup(Roles::BOTH, lookup).unwrap())
@@ -74,17 +83,25 @@ async fn run(plane: Plane) {
         0.0
     );
 
-    // One stream that completes.
+    // One stream that completes. Its prologue and first item are edges, written at once;
+    // once the first item has arrived, the next nine wait in an open batch that only the
+    // flush hint can write (the batch delay is 10 s), so the frontend reading them proves
+    // the hint flushed, and counted, a batch.
     let (info, pending) = service.register::<u32>(RegisterOptions::default()).unwrap();
     let mut tx = service.connect::<u32>(&info).await.unwrap();
     tx.send_prologue(Ok(())).await.unwrap();
-    for i in 0..10 {
+    let mut rx = within(pending.established()).await.unwrap();
+    tx.send(&0).await.unwrap();
+    assert_eq!(within(rx.next()).await.unwrap().unwrap(), 0);
+    for i in 1..10 {
         tx.send(&i).await.unwrap();
     }
-    tx.finish().await.unwrap();
     service.flush();
-    let items: Vec<_> = pending.established().await.unwrap().collect().await;
-    assert_eq!(items.len(), 10);
+    for i in 1..10 {
+        assert_eq!(within(rx.next()).await.unwrap().unwrap(), i);
+    }
+    tx.finish().await.unwrap();
+    assert!(within(rx.next()).await.is_none(), "a clean end");
 
     // One whose setup fails: the worker cannot reach the frontend (a response_stream error).
     let mut unreachable: serde_json::Value = serde_json::from_str(&info.info).unwrap();
@@ -217,7 +234,7 @@ async fn run(plane: Plane) {
                 "velo_response_flushes_total",
                 &[("side", "worker"), ("reason", "hint")]
             ) >= 1.0,
-            "{body}"
+            "the flush hint wrote the middle items:\n{body}"
         );
     }
     for name in [

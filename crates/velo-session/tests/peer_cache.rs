@@ -1,0 +1,173 @@
+//! The worker's connection cache: one preparation per frontend instance, shared by
+//! concurrent first requests; failures fail fast during a backoff and are retried after it; a
+//! new instance (a restarted frontend) is prepared again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{World, addr, frontend, frontend_config, within};
+use velo_session::ConnectError;
+
+const LANES: usize = velo_mux::DEFAULT_LANES as usize;
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_first_requests_share_one_preparation() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    let requests = (0..50).map(|_| w.worker.peer(addr(), instance));
+    let peers = within("50 first requests", futures::future::join_all(requests)).await;
+    let peers: Vec<_> = peers.into_iter().map(|p| p.expect("prepared")).collect();
+    assert_eq!(
+        w.connector.dials(),
+        LANES,
+        "one preparation dials each lane once"
+    );
+    assert!(
+        peers
+            .iter()
+            .all(|p| p.instance() == instance && p.is_alive())
+    );
+    // Later requests use the cached connection without dialing.
+    let again = within("a later request", w.worker.peer(addr(), instance))
+        .await
+        .unwrap();
+    assert_eq!(again.instance(), instance);
+    assert_eq!(w.connector.dials(), LANES);
+    assert_eq!(w.worker.peers().len(), 1);
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_preparation_fails_fast_during_its_backoff_then_is_retried() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    w.connector.set_failing(true);
+    let first = within("a failing preparation", w.worker.peer(addr(), instance)).await;
+    assert!(matches!(first, Err(ConnectError::Io { .. })), "{first:?}");
+    let dials = w.connector.dials();
+
+    // Within the backoff (100 ms after the first failure) requests fail at once, no dial.
+    w.connector.set_failing(false);
+    let fast = within(
+        "a request during the backoff",
+        w.worker.peer(addr(), instance),
+    )
+    .await;
+    match fast {
+        Err(ConnectError::BackingOff { last, .. }) => {
+            assert!(matches!(*last, ConnectError::Io { .. }), "{last:?}");
+        }
+        other => panic!("expected a fast failure, got {other:?}"),
+    }
+    assert_eq!(w.connector.dials(), dials, "no dial during the backoff");
+
+    // After it, the next request prepares again, and succeeds.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    let peer = within(
+        "a request after the backoff",
+        w.worker.peer(addr(), instance),
+    )
+    .await
+    .expect("the retry succeeds");
+    assert!(peer.is_alive());
+    assert_eq!(w.connector.dials(), dials + LANES);
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn consecutive_failures_double_the_backoff() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    w.connector.set_failing(true);
+    let retry_in = |r: Result<velo_session::Peer, ConnectError>| match r {
+        Err(ConnectError::BackingOff { retry_in, .. }) => retry_in,
+        other => panic!("expected a backoff, got {other:?}"),
+    };
+    // Failure 1: 100 ms; failure 2: 200 ms; failure 3: 400 ms.
+    for expected_ms in [100_u64, 200, 400] {
+        let r = within("a failing preparation", w.worker.peer(addr(), instance)).await;
+        assert!(matches!(r, Err(ConnectError::Io { .. })), "{r:?}");
+        let wait = retry_in(w.worker.peer(addr(), instance).await);
+        assert!(
+            wait <= Duration::from_millis(expected_ms)
+                && wait > Duration::from_millis(expected_ms / 2),
+            "backoff after a failure: {wait:?}, expected about {expected_ms} ms"
+        );
+        tokio::time::advance(wait + Duration::from_millis(1)).await;
+    }
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frontend_restarted_under_a_new_instance_is_prepared_again() {
+    let mut w = World::new();
+    let old = w.frontend.instance();
+    let (tx, _rx) = w.stream(1).await;
+    assert_eq!(w.connector.dials(), LANES);
+
+    // The old frontend goes away; its lanes close and the worker's connection dies.
+    w.frontend.close();
+    let old_peer = tx.peer().clone();
+    within("the old connection ending", old_peer.closed()).await;
+    assert!(!old_peer.is_alive());
+    drop(tx);
+
+    // A new frontend instance (a restart) is reachable; the worker prepares it from scratch.
+    let (restarted, mut inbox) = frontend(&w.tracker, frontend_config(|b| b));
+    w.connector.serve(&restarted);
+    let new = restarted.instance();
+    assert_ne!(old, new);
+    let mut tx = within(
+        "a stream to the restarted frontend",
+        w.worker
+            .open(addr(), new, 2, &common::TOKEN, common::PROLOGUE),
+    )
+    .await
+    .expect("opened");
+    assert_eq!(w.connector.dials(), 2 * LANES);
+    let mut rx = within("the OPEN", inbox.recv()).await.unwrap().accept();
+    tx.send(b"hello again").await.unwrap();
+    assert_eq!(
+        within("the item", rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"hello again"
+    );
+    // The dead connection is forgotten.
+    assert_eq!(w.worker.peers().len(), 1);
+    restarted.abort();
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_connection_is_replaced_on_the_next_request() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    let first = within("preparation", w.worker.peer(addr(), instance))
+        .await
+        .unwrap();
+    for lane in w.connector.lanes() {
+        lane.sever.cancel();
+    }
+    within("the connection dying", first.closed()).await;
+    let second = within("a new preparation", w.worker.peer(addr(), instance))
+        .await
+        .unwrap();
+    assert!(second.is_alive());
+    assert!(!first.is_alive());
+    assert_eq!(w.connector.dials(), 2 * LANES);
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_worker_endpoint_prepares_nothing() {
+    let w = World::new();
+    w.worker.close();
+    let r = w.worker.peer(addr(), w.frontend.instance()).await;
+    assert!(matches!(r, Err(ConnectError::ShuttingDown)), "{r:?}");
+    assert_eq!(w.connector.dials(), 0);
+    w.shut_down().await;
+}
