@@ -382,7 +382,7 @@ impl<T: DeserializeOwned> ServicePending<T> {
                 Ok(ServiceStream {
                     stream,
                     service,
-                    _guard: guard,
+                    guard: Some(guard),
                 })
             }
             Err(e) => {
@@ -400,7 +400,9 @@ impl<T: DeserializeOwned> ServicePending<T> {
 pub struct ServiceStream<T> {
     stream: ResponseStream<T>,
     service: Arc<Inner>,
-    _guard: ActiveGuard,
+    /// Counts the stream as open until it has ended (or is dropped): a finished stream the
+    /// application still holds does not keep shutdown's drain waiting.
+    guard: Option<ActiveGuard>,
 }
 
 impl<T> std::ops::Deref for ServiceStream<T> {
@@ -423,10 +425,15 @@ impl<T: DeserializeOwned> Stream for ServiceStream<T> {
         // Every field is `Unpin`.
         let this = self.get_mut();
         let r = Pin::new(&mut this.stream).poll_next(cx);
-        if let Poll::Ready(Some(Err(e))) = &r
-            && !e.is_cancelled()
-        {
-            this.service.metrics.stream_error();
+        match &r {
+            Poll::Ready(Some(Err(e))) => {
+                if !e.is_cancelled() {
+                    this.service.metrics.stream_error();
+                }
+                this.guard = None;
+            }
+            Poll::Ready(None) => this.guard = None,
+            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
         }
         r
     }

@@ -175,7 +175,7 @@ impl Incoming {
         let (read, write) = self.stream.into_split();
         Ok(ClassicReader {
             read,
-            write,
+            write: Some(write),
             buf: self.buf,
             max: self.max,
             ended: false,
@@ -186,7 +186,9 @@ impl Incoming {
 /// Reads one classic stream's items from its socket.
 pub(crate) struct ClassicReader {
     read: OwnedReadHalf,
-    write: OwnedWriteHalf,
+    /// Dropped (a FIN to the worker) once the stream ended cleanly: the worker's control
+    /// watcher ends then, not when the application drops this stream.
+    write: Option<OwnedWriteHalf>,
     buf: BytesMut,
     max: u32,
     ended: bool,
@@ -210,6 +212,7 @@ impl ClassicReader {
                 Ok(Some((DATA, item))) => return Poll::Ready(Some(Ok(item.freeze()))),
                 Ok(Some((SENTINEL, _))) => {
                     self.ended = true;
+                    self.write = None;
                     if !self.buf.is_empty() {
                         return Poll::Ready(Some(Err(ResponseError::Protocol {
                             reason: "data after the final item".into(),
@@ -250,13 +253,17 @@ impl ClassicReader {
 
     /// Asks the worker to stop (best effort: a 5-byte write into an idle socket).
     pub(crate) fn stop(&self) {
-        let _ = self.write.try_write(&frame::header(STOP, 0));
+        if let Some(write) = &self.write {
+            let _ = write.try_write(&frame::header(STOP, 0));
+        }
     }
 
     /// Tells the worker to stop now; the connection closes when the reader is dropped.
     pub(crate) fn kill(&mut self) {
-        if !self.ended {
-            let _ = self.write.try_write(&frame::header(KILL, 0));
+        if !self.ended
+            && let Some(write) = &self.write
+        {
+            let _ = write.try_write(&frame::header(KILL, 0));
         }
         self.ended = true;
     }
