@@ -276,10 +276,14 @@ impl FrontendPlane {
     }
 }
 
+/// The TCP settings of the plane: the transport's defaults, with the lanes' sockets giving
+/// up on a vanished peer within the configured idle timeout.
 #[cfg(feature = "tcp")]
-fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
-    let _ = c;
-    velo_tcp::TcpConfig::default()
+pub(crate) fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
+    velo_tcp::TcpConfig {
+        liveness: Some(c.idle_timeout),
+        ..velo_tcp::TcpConfig::default()
+    }
 }
 
 /// The UCX settings of the plane: UCX's defaults, with the transports and devices the

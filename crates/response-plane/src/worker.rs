@@ -191,7 +191,7 @@ impl WorkerPlane {
                     let mux = crate::mux_config(&self.inner.config, velo_mux::Side::Worker)?;
                     Ok(velo_tcp::TcpWorker::new(
                         mux,
-                        velo_tcp::TcpConfig::default(),
+                        crate::frontend::tcp_config(&self.inner.config),
                         self.inner.tracker.clone(),
                     ))
                 });

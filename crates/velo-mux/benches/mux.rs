@@ -126,6 +126,7 @@ impl Bench {
                 for c in self.chunks.drain(..) {
                     rx.extend_from_slice(&c); // the socket's copy
                 }
+                self.worker.handle_transmitted(now, lane);
             }
             self.frontend
                 .handle_input(now, lane, &mut self.rx_front[usize::from(i)])
@@ -156,6 +157,8 @@ impl Bench {
                 for c in self.chunks.drain(..) {
                     rx.extend_from_slice(&c);
                 }
+                self.frontend
+                    .handle_transmitted(now + Duration::from_millis(2), lane);
             }
             self.worker
                 .handle_input(now, lane, &mut self.rx_worker[usize::from(i)])

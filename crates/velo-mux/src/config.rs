@@ -214,7 +214,9 @@ impl MuxConfigBuilder {
         self.config.grant_delay = delay;
         self
     }
-    /// Silence after which a lane is lost, `3 ms..=1 h` (default 10 s).
+    /// Silence (or a write making no progress) after which a lane is lost,
+    /// `100 ms..=1 h` (default 10 s): the range every peer accepts in a HELLO
+    /// ([`handshake::MIN_IDLE_TIMEOUT`](crate::handshake::MIN_IDLE_TIMEOUT)).
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.config.idle_timeout = timeout;
         self
@@ -276,9 +278,9 @@ impl MuxConfigBuilder {
         range(
             "idle_timeout",
             c.idle_timeout,
-            Duration::from_millis(3),
-            Duration::from_secs(3600),
-            "must be 3 ms..=1 h",
+            crate::handshake::MIN_IDLE_TIMEOUT,
+            crate::handshake::MAX_IDLE_TIMEOUT,
+            "must be 100 ms..=1 h",
         )?;
         c.flush.check()?;
         Ok(c)

@@ -28,6 +28,10 @@ pub enum LaneError {
     /// Peer's fault (or the network's): nothing arrived for the idle timeout.
     #[error("peer silent for {0:?}: lane timed out")]
     IdleTimeout(Duration),
+    /// Peer's fault (or the network's): a write to the lane made no progress for the idle
+    /// timeout; the peer stopped reading.
+    #[error("no write progress for {0:?}: peer stopped reading")]
+    WriteStalled(Duration),
     /// I/O: the transport under the lane failed or ended.
     #[error("transport lost: {0}")]
     Transport(String),
@@ -49,7 +53,8 @@ impl LaneError {
             Self::Protocol(_) => Some(CloseCode::PROTOCOL_ERROR),
             Self::IdleTimeout(_) => Some(CloseCode::IDLE_TIMEOUT),
             Self::Local { code, .. } => Some(*code),
-            Self::PeerClosed { .. } | Self::Transport(_) => None,
+            // A stalled lane cannot carry a CLOSE frame either.
+            Self::PeerClosed { .. } | Self::Transport(_) | Self::WriteStalled(_) => None,
         }
     }
 }

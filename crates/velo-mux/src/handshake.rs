@@ -1,6 +1,15 @@
 //! Checking a peer's HELLO; shared by every transport so they all refuse the same things.
 
+use std::time::Duration;
+
 use velo_wire::{CloseCode, Hello, InstanceId, Role};
+
+/// Shortest idle timeout a peer may announce: it makes this side heartbeat every third of
+/// it, so a peer asking for 1 ms would have this side send a record every millisecond on
+/// every lane. 100 ms means at most 30 heartbeats a second per lane.
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest idle timeout a peer may announce (and this side may be configured with): 1 hour.
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// What this side expects of the peer's HELLO on one lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +65,16 @@ pub enum HandshakeError {
         /// Lane count in the answer.
         got_count: u16,
     },
+    /// The peer announced an idle timeout outside the range this side accepts.
+    #[error(
+        "peer announced idle_timeout_ms {got_ms}, allowed {}..={} ms",
+        MIN_IDLE_TIMEOUT.as_millis(),
+        MAX_IDLE_TIMEOUT.as_millis()
+    )]
+    IdleTimeout {
+        /// The announced value.
+        got_ms: u32,
+    },
 }
 
 impl HandshakeError {
@@ -63,7 +82,9 @@ impl HandshakeError {
     pub fn close_code(&self) -> CloseCode {
         match self {
             Self::PeerIdentity { .. } | Self::LocalIdentity { .. } => CloseCode::IDENTITY_MISMATCH,
-            Self::Role { .. } | Self::Lane { .. } => CloseCode::BAD_HANDSHAKE,
+            Self::Role { .. } | Self::Lane { .. } | Self::IdleTimeout { .. } => {
+                CloseCode::BAD_HANDSHAKE
+            }
         }
     }
 }
@@ -93,6 +114,12 @@ impl Expect {
             return Err(HandshakeError::LocalIdentity {
                 expected: hello.peer_instance_id,
                 local: self.local_instance,
+            });
+        }
+        let idle = Duration::from_millis(u64::from(hello.idle_timeout_ms));
+        if !(MIN_IDLE_TIMEOUT..=MAX_IDLE_TIMEOUT).contains(&idle) {
+            return Err(HandshakeError::IdleTimeout {
+                got_ms: hello.idle_timeout_ms,
             });
         }
         if let Some((index, count)) = self.lane

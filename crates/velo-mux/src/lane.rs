@@ -57,6 +57,10 @@ pub(crate) struct Lane {
     pub(crate) wire: Vec<Option<WireSlot>>,
     pub(crate) tx: Tx,
     pub(crate) last_rx: Instant,
+    /// Since when the driver has been writing chunks it took from
+    /// [`Mux::poll_transmit`](crate::Mux::poll_transmit) without reporting them written
+    /// ([`Mux::handle_transmitted`](crate::Mux::handle_transmitted)).
+    pub(crate) writing_since: Option<Instant>,
     /// The driver was told this lane has something to transmit and has not polled since.
     pub(crate) signalled: bool,
     /// A send was refused because the buffer was full: report `LaneWritable` once it drains.
@@ -79,6 +83,7 @@ impl Lane {
             wire: Vec::new(),
             tx: Tx::new(now),
             last_rx: now,
+            writing_since: None,
             signalled: false,
             blocked: false,
             grant_list: Vec::new(),

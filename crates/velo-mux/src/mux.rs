@@ -74,10 +74,15 @@ impl LaneSet {
 /// 3. After any call, drain [`poll_event`](Self::poll_event) (wake consumers and producers)
 ///    and [`poll_ready_lanes`](Self::poll_ready_lanes) (wake those lanes' writers).
 /// 4. A lane writer calls [`poll_transmit`](Self::poll_transmit) and writes the chunks it
-///    gets, in order, then calls it again until it returns `None`.
+///    gets, in order, then reports them written with
+///    [`handle_transmitted`](Self::handle_transmitted) and calls it again until it returns
+///    `None`.
 /// 5. Arm a timer for [`poll_timeout`](Self::poll_timeout) (or per lane,
 ///    [`lane_timeout`](Self::lane_timeout)) and call [`handle_timeout`](Self::handle_timeout)
-///    when it fires.
+///    when it fires, **also while a write is in progress**: that is how a peer that went
+///    silent, or stopped reading, is detected (the lane closes with
+///    [`LaneError::IdleTimeout`] or [`LaneError::WriteStalled`]; the driver then abandons the
+///    write).
 ///
 /// The application side uses [`open`](Self::open), [`send`](Self::send),
 /// [`finish`](Self::finish) and [`reset`](Self::reset) on a worker, and
@@ -200,8 +205,13 @@ impl Mux {
         l.peer = PeerParams {
             window: peer.initial_window,
             max_frame_len: peer.max_frame_len,
-            // The peer closes after idle_timeout_ms of silence: speak at least 3 times as often.
-            heartbeat_interval: Duration::from_millis(u64::from(peer.idle_timeout_ms / 3).max(1)),
+            // The peer closes after idle_timeout_ms of silence: speak at least 3 times as often
+            // (never more often than for the shortest timeout a HELLO may announce, whatever
+            // a driver let through).
+            heartbeat_interval: Duration::from_millis(u64::from(peer.idle_timeout_ms)).clamp(
+                crate::handshake::MIN_IDLE_TIMEOUT,
+                crate::handshake::MAX_IDLE_TIMEOUT,
+            ) / 3,
         };
         self.stats.lanes_up += 1;
     }
@@ -298,6 +308,7 @@ impl Mux {
         }
         l.tx.ready_bytes -= bytes;
         l.tx.last_tx = now;
+        l.writing_since.get_or_insert(now);
         self.stats.bytes_sent += bytes as u64;
         if l.blocked && l.tx.buffered() <= self.config.max_buffered_bytes / 2 {
             l.blocked = false;
@@ -309,6 +320,16 @@ impl Mux {
             self.ready_lanes |= 1 << lane.0;
         }
         Some(Transmit { bytes, chunks })
+    }
+
+    /// Reports that every chunk taken from [`poll_transmit`](Self::poll_transmit) on `lane`
+    /// has been written. Until then the lane counts as writing: its only timers are the idle
+    /// timeout and the write-stall timeout (the same length), since nothing else can go out.
+    pub fn handle_transmitted(&mut self, now: Instant, lane: LaneId) {
+        if let Some(l) = self.lanes.get_mut(usize::from(lane.0)) {
+            l.writing_since = None;
+            l.tx.last_tx = now;
+        }
     }
 
     /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work.
@@ -326,6 +347,10 @@ impl Mux {
             return None;
         }
         let idle = l.last_rx + self.config.idle_timeout;
+        if let Some(since) = l.writing_since {
+            // Mid-write nothing else can go out: only the two liveness bounds matter.
+            return Some(idle.min(since + self.config.idle_timeout));
+        }
         let heartbeat = l.tx.last_tx + l.peer.heartbeat_interval;
         let mut t = idle.min(heartbeat);
         if l.tx.open {
@@ -339,8 +364,9 @@ impl Mux {
         Some(t)
     }
 
-    /// Runs timer work due at `now`: idle lanes are closed, heartbeats queued, batches whose
-    /// deadline passed marked ready.
+    /// Runs timer work due at `now`: idle lanes are closed, and so are lanes whose write has
+    /// been stuck for the idle timeout; heartbeats are queued and batches whose deadline
+    /// passed marked ready.
     pub fn handle_timeout(&mut self, now: Instant) {
         for i in 0..self.lanes.len() {
             self.handle_lane_timeout(now, lane_id(i));
@@ -358,6 +384,12 @@ impl Mux {
         }
         if now.saturating_duration_since(l.last_rx) >= idle_timeout {
             self.close_lane(lane, LaneError::IdleTimeout(idle_timeout));
+            return;
+        }
+        if let Some(since) = l.writing_since {
+            if now.saturating_duration_since(since) >= idle_timeout {
+                self.close_lane(lane, LaneError::WriteStalled(idle_timeout));
+            }
             return;
         }
         let heartbeat_due =

@@ -64,6 +64,10 @@ pub struct Pair {
     start: Instant,
     /// Sides whose transmits are dropped (a peer gone silent), by `Dir` index.
     blackholed: [bool; 2],
+    /// Sides whose writes never complete (the peer stopped reading), by `Dir` index, and the
+    /// one transmit each of their lanes holds meanwhile.
+    stalled: [bool; 2],
+    held: [Vec<Option<Bytes>>; 2],
     /// Each lane writer's armed timer, by `Dir` index and lane, as a real driver keeps it:
     /// a lane is polled only when signalled or when this deadline passes, so a missing
     /// signal shows up as a stuck test.
@@ -93,6 +97,8 @@ impl Pair {
             chunks: Vec::new(),
             start,
             blackholed: [false; 2],
+            stalled: [false; 2],
+            held: [vec![None; lanes], vec![None; lanes]],
             armed: [vec![None; lanes], vec![None; lanes]],
         };
         for i in 0..lanes {
@@ -266,6 +272,32 @@ impl Pair {
         self.blackholed[dir as usize] = on;
     }
 
+    /// Makes `side`'s writes hang (or lets them complete again), as when its peer stops
+    /// reading: each lane's writer takes one transmit from its mux and holds it, reporting
+    /// nothing written, while the lane's timers keep running as a real driver's do. Undoing
+    /// the stall puts the held bytes on the wire.
+    pub fn stall_writes(&mut self, side: Side, on: bool) {
+        let (dir, mux) = match side {
+            Side::Worker => (Dir::ToFrontend, &mut self.worker),
+            Side::Frontend => (Dir::ToWorker, &mut self.frontend),
+        };
+        self.stalled[dir as usize] = on;
+        if on {
+            return;
+        }
+        for (i, held) in self.held[dir as usize].iter_mut().enumerate() {
+            if let Some(frame) = held.take() {
+                let lane = LaneId(u16::try_from(i).expect("<= 64 lanes"));
+                mux.handle_transmitted(self.now, lane);
+                let q = &mut self.wire[dir as usize][i];
+                let at = q.back().map_or(self.now + self.latency, |(t, _)| {
+                    (*t).max(self.now + self.latency)
+                });
+                q.push_back((at, frame));
+            }
+        }
+    }
+
     /// Bytes in flight in both directions.
     pub fn in_flight(&self) -> usize {
         self.wire
@@ -339,11 +371,30 @@ impl Pair {
                 continue;
             }
             mux.handle_lane_timeout(self.now, lane);
+            if self.stalled[dir as usize] {
+                let held = &mut self.held[dir as usize][usize::from(i)];
+                if held.is_none()
+                    && mux
+                        .poll_transmit(self.now, lane, &mut self.chunks)
+                        .is_some()
+                {
+                    let mut frame = BytesMut::new();
+                    for c in self.chunks.drain(..) {
+                        frame.extend_from_slice(&c);
+                    }
+                    *held = Some(frame.freeze());
+                    moved = true;
+                }
+                self.armed[dir as usize][usize::from(i)] = mux.lane_timeout(lane);
+                continue;
+            }
             while let Some(t) = mux.poll_transmit(self.now, lane, &mut self.chunks) {
                 let mut frame = BytesMut::with_capacity(t.bytes);
                 for c in self.chunks.drain(..) {
                     frame.extend_from_slice(&c);
                 }
+                // Written at once: the harness's wire takes anything.
+                mux.handle_transmitted(self.now, lane);
                 moved = true;
                 if self.blackholed[dir as usize] {
                     continue;

@@ -35,6 +35,7 @@ pub use error::{ConnectError, StreamError};
 pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings, add_stats};
 pub use io::{LaneIo, LaneRead, LaneWrite};
 pub use peer::{Acceptor, Peer};
+pub use pump::CLOSE_GRACE;
 pub use recv::{IncomingStream, RecvStream};
 pub use send::{SendStream, StreamWatch};
 pub use worker::{

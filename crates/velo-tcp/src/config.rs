@@ -16,6 +16,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_SOCKET_BUFFER: u32 = 4 * 1024 * 1024;
 /// Listen backlog.
 pub const DEFAULT_BACKLOG: u32 = 1024;
+/// Default liveness bound of a lane socket: the mux's default idle timeout (10 s).
+pub const DEFAULT_LIVENESS: Duration = velo_mux::DEFAULT_IDLE_TIMEOUT;
 
 /// Settings of the TCP transport, shared by frontends and workers.
 #[derive(Debug, Clone)]
@@ -36,6 +38,10 @@ pub struct TcpConfig {
     pub read_buffer: usize,
     /// Backoff between failed preparations of one frontend (worker).
     pub backoff: Backoff,
+    /// How long the kernel keeps a lane whose peer vanished (`TCP_USER_TIMEOUT`, and
+    /// keepalive probes from a third of it); set it to the mux's idle timeout. `None` leaves
+    /// the kernel's defaults (retransmissions for about 15 minutes).
+    pub liveness: Option<Duration>,
 }
 
 impl Default for TcpConfig {
@@ -49,6 +55,7 @@ impl Default for TcpConfig {
             backlog: DEFAULT_BACKLOG,
             read_buffer: velo_session::DEFAULT_READ_BUFFER,
             backoff: Backoff::default(),
+            liveness: Some(DEFAULT_LIVENESS),
         }
     }
 }

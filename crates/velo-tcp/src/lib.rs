@@ -50,8 +50,8 @@ use velo_session::{Acceptor, FrontendEndpoint, FrontendSettings, WorkerEndpoint,
 use velo_wire::InstanceId;
 
 pub use config::{
-    DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_SOCKET_BUFFER, TcpConfig,
+    DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_LIVENESS,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_SOCKET_BUFFER, TcpConfig,
 };
 pub use stats::TcpStats;
 

@@ -79,6 +79,9 @@ async fn handshake(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "set_nodelay failed");
     }
+    if let Err(e) = crate::socket::set_liveness(socket2::SockRef::from(&stream), cfg.liveness) {
+        tracing::debug!(%peer, error = %e, "setting the liveness bound failed");
+    }
     let mut buf = BytesMut::with_capacity(256);
     let frame = match tokio::time::timeout(cfg.handshake_timeout, read_frame(&mut stream, &mut buf))
         .await

@@ -83,12 +83,42 @@ pub struct LaneHandle {
     pub frontend_reads: Gate,
     /// Whether the worker side reads.
     pub worker_reads: Gate,
+    /// Whether the frontend side's writes go through (closed: they wait, as a SIGSTOPped
+    /// process's would).
+    pub frontend_writes: Gate,
+    /// Whether the worker side's writes go through.
+    pub worker_writes: Gate,
+    /// Ends the worker side's reads (a FIN from the frontend), leaving its writes as they are.
+    pub worker_eof: CancellationToken,
+    /// Ends the frontend side's reads, leaving its writes as they are.
+    pub frontend_eof: CancellationToken,
+}
+
+impl LaneHandle {
+    fn new() -> Self {
+        Self {
+            sever: CancellationToken::new(),
+            frontend_reads: Gate::open(),
+            worker_reads: Gate::open(),
+            frontend_writes: Gate::open(),
+            worker_writes: Gate::open(),
+            worker_eof: CancellationToken::new(),
+            frontend_eof: CancellationToken::new(),
+        }
+    }
+
+    /// The frontend stops dead: it neither reads nor writes (SIGSTOP, a wedged process).
+    pub fn wedge_frontend(&self) {
+        self.frontend_reads.set(false);
+        self.frontend_writes.set(false);
+    }
 }
 
 struct MemRead {
     read: ReadHalf<DuplexStream>,
     gate: watch::Receiver<bool>,
     sever: CancellationToken,
+    eof: CancellationToken,
 }
 
 impl LaneRead for MemRead {
@@ -103,10 +133,12 @@ impl LaneRead for MemRead {
                     Gate::wait_open(&mut self.gate).await;
                 } => {}
                 () = self.sever.cancelled() => return Ok(0),
+                () = self.eof.cancelled() => return Ok(0),
             }
             tokio::select! {
                 r = self.read.read_buf(buf) => r,
                 () = self.sever.cancelled() => Ok(0),
+                () = self.eof.cancelled() => Ok(0),
             }
         })
     }
@@ -114,6 +146,7 @@ impl LaneRead for MemRead {
 
 struct MemWrite {
     write: WriteHalf<DuplexStream>,
+    gate: watch::Receiver<bool>,
     sever: CancellationToken,
 }
 
@@ -124,6 +157,7 @@ impl LaneWrite for MemWrite {
     ) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>> {
         Box::pin(async move {
             let write = async {
+                Gate::wait_open(&mut self.gate).await;
                 for chunk in chunks.iter() {
                     self.write.write_all(chunk).await?;
                 }
@@ -148,17 +182,30 @@ impl LaneWrite for MemWrite {
     }
 }
 
-fn lane_io(stream: DuplexStream, gate: &Gate, sever: &CancellationToken) -> LaneIo {
+/// Which end of a lane.
+#[derive(Clone, Copy)]
+enum End {
+    Worker,
+    Frontend,
+}
+
+fn lane_io(stream: DuplexStream, h: &LaneHandle, end: End) -> LaneIo {
     let (read, write) = tokio::io::split(stream);
+    let (reads, writes, eof) = match end {
+        End::Worker => (&h.worker_reads, &h.worker_writes, &h.worker_eof),
+        End::Frontend => (&h.frontend_reads, &h.frontend_writes, &h.frontend_eof),
+    };
     LaneIo {
         read: Box::new(MemRead {
             read,
-            gate: gate.0.subscribe(),
-            sever: sever.clone(),
+            gate: reads.0.subscribe(),
+            sever: h.sever.clone(),
+            eof: eof.clone(),
         }),
         write: Box::new(MemWrite {
             write,
-            sever: sever.clone(),
+            gate: writes.0.subscribe(),
+            sever: h.sever.clone(),
         }),
     }
 }
@@ -252,22 +299,15 @@ impl MemConnector {
                 source,
             })?;
         let (worker_end, frontend_end) = tokio::io::duplex(PIPE_BYTES);
-        let handle = LaneHandle {
-            sever: CancellationToken::new(),
-            frontend_reads: Gate::open(),
-            worker_reads: Gate::open(),
-        };
+        let handle = LaneHandle::new();
         frontend
-            .attach_lane(
-                hello,
-                lane_io(frontend_end, &handle.frontend_reads, &handle.sever),
-            )
+            .attach_lane(hello, lane_io(frontend_end, &handle, End::Frontend))
             .map_err(|e| ConnectError::Refused {
                 addr: addr.to_string(),
                 code: e.close_code(),
                 reason: e.to_string(),
             })?;
-        let io = lane_io(worker_end, &handle.worker_reads, &handle.sever);
+        let io = lane_io(worker_end, &handle, End::Worker);
         self.lanes.lock().unwrap().push(handle);
         Ok((answer, io))
     }

@@ -1,0 +1,109 @@
+//! Liveness while a write is in progress: the driver reports writes done with
+//! `handle_transmitted`; until then the lane's only timers are the idle and write-stall
+//! timeouts, so a peer that stops reading is detected even though it keeps heartbeating.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PROLOGUE, configs, items};
+use velo_mux::MuxConfig;
+use velo_mux::testing::{Pair, default_configs};
+use velo_mux::{CloseReason, LaneError, LaneId, LaneState, MuxEvent, Side};
+
+const IDLE: Duration = velo_mux::DEFAULT_IDLE_TIMEOUT;
+
+/// Default configurations with one lane on both sides.
+fn one_lane() -> (MuxConfig, MuxConfig) {
+    let (w, f) = configs(|b| b.lanes(1));
+    let f = f.with_lanes(1);
+    (w, f)
+}
+
+#[test]
+fn a_write_stalled_for_the_idle_timeout_closes_the_lane_though_the_peer_heartbeats() {
+    let mut pair = Pair::new(one_lane());
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    pair.stall_writes(Side::Worker, true);
+    pair.worker_send(s, b"stuck");
+    pair.step_now();
+    let stalled_at = pair.now;
+    // The frontend heartbeats all along, so the lane is not idle: only the write is stuck.
+    pair.advance(IDLE - Duration::from_millis(1));
+    assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Up);
+    pair.advance(Duration::from_millis(1));
+    assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Closed);
+    assert_eq!(pair.now - stalled_at, IDLE);
+    assert!(pair.worker_events.iter().any(|e| matches!(e,
+        MuxEvent::Closed { stream, reason: CloseReason::Lost(LaneError::WriteStalled(d)) }
+            if *stream == s && *d == IDLE)));
+}
+
+#[test]
+fn a_write_in_progress_arms_only_the_liveness_timers() {
+    let mut pair = Pair::new(one_lane());
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    pair.stall_writes(Side::Worker, true);
+    pair.worker_send(s, b"first");
+    pair.step_now();
+    let since = pair.now;
+    // More records queue behind the write; their flush deadline and any heartbeat wait for
+    // it, so the writer's timer is not in the past (a driver would spin on it).
+    pair.worker_send(s, b"second");
+    pair.advance(Duration::from_secs(1));
+    let t = pair.worker.lane_timeout(LaneId(0)).expect("the lane is up");
+    assert!(t > pair.now, "timer {:?} in the past", pair.now - t);
+    assert!(t <= since + IDLE);
+}
+
+#[test]
+fn a_write_that_completes_in_time_keeps_the_lane_and_delivers_everything() {
+    let mut pair = Pair::new(one_lane());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    pair.stall_writes(Side::Worker, true);
+    pair.worker_send(s, b"a");
+    pair.step_now();
+    pair.worker_send(s, b"b");
+    pair.advance(IDLE / 2);
+    pair.stall_writes(Side::Worker, false);
+    pair.worker_finish(s, b"c");
+    pair.drive();
+    assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Up);
+    let key = pair.frontend_key(ticket);
+    let got = pair.frontend_read(key);
+    assert_eq!(items(&got), vec![&b"a"[..], b"b", b"c"]);
+}
+
+#[test]
+fn a_peer_that_announces_a_millisecond_idle_timeout_is_refused() {
+    let (w, _) = default_configs();
+    let mut hello = w.hello(
+        0,
+        velo_wire::InstanceId::from_u128(1),
+        velo_wire::InstanceId::ANY,
+    );
+    let expect = velo_mux::handshake::Expect {
+        role: velo_wire::Role::Worker,
+        local_instance: velo_wire::InstanceId::from_u128(2),
+        peer_instance: None,
+        lane: None,
+    };
+    for (ms, ok) in [
+        (1, false),
+        (99, false),
+        (100, true),
+        (3_600_000, true),
+        (3_600_001, false),
+    ] {
+        hello.idle_timeout_ms = ms;
+        let r = expect.check(&hello);
+        assert_eq!(r.is_ok(), ok, "idle_timeout_ms {ms}: {r:?}");
+        if let Err(e) = r {
+            assert_eq!(e.close_code(), velo_wire::CloseCode::BAD_HANDSHAKE);
+            assert!(e.to_string().contains("100..=3600000 ms"), "{e}");
+        }
+    }
+}
