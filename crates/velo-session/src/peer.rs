@@ -26,6 +26,10 @@ use velo_wire::{Hello, InstanceId, Token};
 use crate::recv::IncomingStream;
 use crate::{LaneIo, clock, pump};
 
+/// Capacity (in entries) below which the waker table is not shrunk: small tables are cheap
+/// and shrinking them would only make bursts reallocate.
+const SHRINK_ABOVE: usize = 64;
+
 /// Hands the frontend every stream a worker opens.
 pub trait Acceptor: Send + Sync + 'static {
     /// Called once per OPEN, outside any lock. The acceptor checks the ticket and token and
@@ -245,8 +249,12 @@ impl Peer {
         r
     }
 
-    /// Registers `waker` for `on` events of `key`.
+    /// Registers `waker` for `on` events of `key`. Nothing is registered for a stream the mux
+    /// no longer holds: its slot may belong to a newer stream already.
     pub(crate) fn register(st: &mut PeerState, key: StreamKey, on: WakeOn, waker: &Waker) {
+        if st.mux.stream_state(key).is_none() {
+            return;
+        }
         let w = st.wakers_mut(key);
         let slot = match on {
             WakeOn::Recv => &mut w.recv,
@@ -278,7 +286,15 @@ impl Peer {
         }
     }
 
-    /// Forgets a released stream's wakers.
+    /// Wakes (after unlock) every task watching `key` for a stop or its end.
+    pub(crate) fn wake_watchers(st: &mut PeerState, key: StreamKey) {
+        if let Some(w) = wakers_of(&mut st.wakers, key) {
+            st.to_wake.append(&mut w.stop);
+            st.to_wake.append(&mut w.closed);
+        }
+    }
+
+    /// Forgets a released stream's wakers; the table shrinks with the streams it serves.
     pub(crate) fn forget(st: &mut PeerState, key: StreamKey) {
         if let Some(slot) = st.wakers.get_mut(key.index() as usize)
             && slot
@@ -286,6 +302,12 @@ impl Peer {
                 .is_some_and(|w| w.generation == key.generation())
         {
             *slot = None;
+        }
+        while st.wakers.last().is_some_and(Option::is_none) {
+            st.wakers.pop();
+        }
+        if st.wakers.capacity() > SHRINK_ABOVE && st.wakers.len() < st.wakers.capacity() / 4 {
+            st.wakers.shrink_to(st.wakers.len() * 2);
         }
     }
 
@@ -323,6 +345,8 @@ impl std::fmt::Debug for Peer {
 }
 
 impl PeerState {
+    /// The wakers of `key`, a stream the mux holds: an entry of another generation in its
+    /// slot is older (its stream was released, so the slot is `key`'s now) and is replaced.
     fn wakers_mut(&mut self, key: StreamKey) -> &mut StreamWakers {
         let i = key.index() as usize;
         if self.wakers.len() <= i {

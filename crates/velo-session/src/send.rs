@@ -1,6 +1,7 @@
 //! The worker's handle on one response stream.
 
 use std::future::poll_fn;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -18,7 +19,13 @@ pub struct SendStream {
     peer: Peer,
     key: StreamKey,
     released: bool,
+    /// Shared with this stream's watches: set once, when the stream is released.
+    after_release: Arc<AfterRelease>,
 }
+
+/// What a stream's watches know once its sender has let it go (the mux forgets the stream
+/// then): the end the frontend or a lane caused, or `None` if this side ended it.
+type AfterRelease = OnceLock<Option<StreamEnd>>;
 
 impl SendStream {
     pub(crate) fn new(peer: Peer, key: StreamKey) -> Self {
@@ -26,6 +33,7 @@ impl SendStream {
             peer,
             key,
             released: false,
+            after_release: Arc::new(OnceLock::new()),
         }
     }
 
@@ -123,6 +131,7 @@ impl SendStream {
         StreamWatch {
             peer: self.peer.clone(),
             key: self.key,
+            after_release: self.after_release.clone(),
         }
     }
 
@@ -167,7 +176,14 @@ impl SendStream {
         if !self.released {
             self.released = true;
             let key = self.key;
+            let after = &self.after_release;
             self.peer.with(|st, now| {
+                // Under the lock, so a watch sees either the live stream or this record.
+                if after.set(remote_end(st, key)).is_err() {
+                    tracing::debug!(?key, "a stream was released twice");
+                }
+                // Watches re-check, and resolve or stop waiting for good.
+                Peer::wake_watchers(st, key);
                 st.mux.release(now, key);
                 Peer::forget(st, key);
             });
@@ -193,12 +209,17 @@ fn map_send_error(e: SendError) -> StreamError {
 }
 
 /// Watches one worker stream for the frontend's stop and cancel. Cheap to clone; any number
-/// of tasks may wait at once. After the stream is finished and released, neither event ever
-/// fires.
+/// of tasks may wait at once.
+///
+/// After the sender let the stream go (finished, reset or dropped), a watch still reports
+/// an end the frontend or a lane caused before that; if this side ended the stream, neither
+/// event ever fires. A watch never registers for a stream that is gone, so one held long
+/// after its stream cannot disturb the stream that reuses its slot.
 #[derive(Debug, Clone)]
 pub struct StreamWatch {
     peer: Peer,
     key: StreamKey,
+    after_release: Arc<AfterRelease>,
 }
 
 impl StreamWatch {
@@ -207,6 +228,13 @@ impl StreamWatch {
         poll_fn(|cx| {
             let key = self.key;
             self.peer.with(|st, _| {
+                if let Some(after) = self.after_release.get() {
+                    return if after.is_some() {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending // ended by this side: never
+                    };
+                }
                 if st.mux.is_stop_requested(key) || remote_end(st, key).is_some() {
                     return Poll::Ready(());
                 }
@@ -221,11 +249,19 @@ impl StreamWatch {
     pub async fn closed(&self) -> StreamEnd {
         poll_fn(|cx| {
             let key = self.key;
-            self.peer.with(|st, _| match remote_end(st, key) {
-                Some(end) => Poll::Ready(end),
-                None => {
-                    Peer::register(st, key, WakeOn::Closed, cx.waker());
-                    Poll::Pending
+            self.peer.with(|st, _| {
+                if let Some(after) = self.after_release.get() {
+                    return match after {
+                        Some(end) => Poll::Ready(end.clone()),
+                        None => Poll::Pending, // ended by this side: never
+                    };
+                }
+                match remote_end(st, key) {
+                    Some(end) => Poll::Ready(end),
+                    None => {
+                        Peer::register(st, key, WakeOn::Closed, cx.waker());
+                        Poll::Pending
+                    }
                 }
             })
         })
@@ -239,7 +275,11 @@ impl StreamWatch {
 
     /// How the frontend or the lane ended the stream, if they did.
     pub fn remote_end(&self) -> Option<StreamEnd> {
-        remote_end(&self.peer.lock(), self.key)
+        let st = self.peer.lock();
+        match self.after_release.get() {
+            Some(after) => after.clone(),
+            None => remote_end(&st, self.key),
+        }
     }
 }
 

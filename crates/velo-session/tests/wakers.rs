@@ -228,3 +228,60 @@ async fn a_lost_lane_wakes_a_pending_read_a_blocked_send_and_the_closed_watchers
         .unwrap();
     w.shut_down().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_streams_watcher_never_touches_the_stream_that_reuses_its_slot() {
+    let mut w = World::with(|b| b.window(WINDOW), |b| b.lanes(1));
+    // Stream 1 finishes; the engine still holds its watch (a StreamContext) and polls it.
+    let (tx1, mut rx1) = w.stream(1).await;
+    let old_watch = tx1.watch();
+    tx1.finish(Bytes::new()).await.unwrap();
+    assert!(within("stream 1's end", rx1.recv()).await.is_none());
+    // Stream 2 takes the freed slot (slots are reused last-in first-out).
+    let (mut tx2, mut rx2) = w.stream(2).await;
+    for _ in 0..WINDOW {
+        tx2.send(b"x").await.unwrap();
+    }
+    let mut blocked = pin!(tokio::spawn(
+        async move { tx2.send(b"y").await.map(|()| tx2) }
+    ));
+    still_pending("stream 2's send beyond its window", blocked.as_mut()).await;
+    // The old watch is polled again: it must not register over stream 2's wakers.
+    let mut stale_stop = pin!(old_watch.stopped());
+    still_pending("a finished stream's stop watch", stale_stop.as_mut()).await;
+    let mut stale_close = pin!(old_watch.closed());
+    still_pending("a finished stream's close watch", stale_close.as_mut()).await;
+    // Credit for stream 2 must still wake its send.
+    for _ in 0..WINDOW {
+        within("an item of stream 2", rx2.recv())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let _tx2 = within("stream 2's blocked send", blocked)
+        .await
+        .unwrap()
+        .unwrap();
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watcher_still_hears_of_a_lost_stream_after_its_sender_is_gone() {
+    let mut w = World::with(|b| b, |b| b.lanes(1));
+    let (tx, _rx) = w.stream(1).await;
+    let watch = tx.watch();
+    w.connector.lanes()[0].sever.cancel();
+    common::eventually("the worker hearing of the lost lane", || {
+        watch.remote_end().is_some()
+    })
+    .await;
+    // The engine drops its sender first; its context is polled only afterwards.
+    drop(tx);
+    assert!(matches!(
+        within("the close watcher", watch.closed()).await,
+        StreamEnd::Lost(_)
+    ));
+    within("the stop watcher", watch.stopped()).await;
+    assert!(matches!(watch.remote_end(), Some(StreamEnd::Lost(_))));
+    w.shut_down().await;
+}
