@@ -411,6 +411,7 @@ async fn ten_thousand_concurrent_streams_all_complete(plane: Under) {
         ])
         .env(HELPER_PLANE, plane.label())
         .env(HELPER_INFOS, &path)
+        .stdin(std::process::Stdio::piped())
         .spawn()
         .expect("spawn the worker process");
     for r in readers {
@@ -418,6 +419,8 @@ async fn ten_thousand_concurrent_streams_all_complete(plane: Under) {
         let want: Vec<_> = (0..HELPER_ITEMS).map(|i| Ok(token(n * 100 + i))).collect();
         assert_eq!(got, want, "stream {n}");
     }
+    // Every stream arrived: the worker process may exit now (it waits for its stdin's end).
+    drop(child.stdin.take());
     let status = within(
         "worker process exits",
         tokio::task::spawn_blocking(move || child.wait()),
@@ -431,7 +434,8 @@ async fn ten_thousand_concurrent_streams_all_complete(plane: Under) {
 }
 
 /// The worker process of `ten_thousand_concurrent_streams_all_complete`: streams to every
-/// address in the file it is given. Does nothing unless started by that test.
+/// address in the file it is given, then keeps flushing until its stdin ends (the test closes
+/// it once every stream arrived). Does nothing unless started by that test.
 #[test]
 #[ignore = "helper process of ten_thousand_concurrent_streams_all_complete, which runs it"]
 fn worker_process_helper() {
@@ -480,9 +484,13 @@ fn worker_process_helper() {
         for w in writers {
             within("writer", w).await.unwrap().unwrap();
         }
-        // Let the last batches leave before the process exits.
-        worker.flush();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The last batches leave while the flusher runs: exit only once the test says every
+        // stream arrived, by closing our stdin (or by exiting itself).
+        tokio::task::spawn_blocking(|| {
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+        })
+        .await
+        .unwrap();
         flusher.abort();
     });
 }
@@ -632,7 +640,12 @@ async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(p
     p1.associate(7).unwrap();
     p2.associate(7).unwrap();
     p3.associate(8).unwrap();
+    // A registration racing the removal fails at once (associated right after the removal,
+    // with nothing to wait for in between: well within `TOMBSTONE_TTL`).
+    let (_i4, p4) = register(&s);
     assert_eq!(s.frontend.cancel_instance_streams(7), 2);
+    let err = p4.associate(7).unwrap_err();
+    assert!(matches!(err, ResponseError::Disconnected { .. }));
     for p in [p1, p2] {
         let err = within("ended", p.established()).await.unwrap_err();
         assert!(
@@ -640,10 +653,6 @@ async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(p
             "{err}"
         );
     }
-    // A registration racing the removal fails at once.
-    let (_i4, p4) = register(&s);
-    let err = p4.associate(7).unwrap_err();
-    assert!(matches!(err, ResponseError::Disconnected { .. }));
     // The other instance's stream is untouched.
     assert_eq!(s.frontend.pending(), 2);
     drop(p3);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::adapter::{BenchFrontend, BenchStream};
@@ -26,7 +27,9 @@ pub struct FrontendOpts {
     pub isl: u32,
     /// Output length.
     pub osl: u32,
-    /// Time before the measurement window.
+    /// Time before the measurement window. The window also waits for the first request to
+    /// complete, so that process and connection set-up on a slow (loaded) machine never eat
+    /// into it.
     pub warmup: Duration,
     /// The measurement window.
     pub duration: Duration,
@@ -82,6 +85,10 @@ const DONE: u8 = 2;
 
 struct Shared {
     phase: AtomicU8,
+    /// Set when the first request completes, successfully or not; `first_notify` then wakes
+    /// the window's start.
+    first_done: AtomicBool,
+    first_notify: Notify,
     stop: AtomicBool,
     next_id: AtomicU64,
     stats: Mutex<Stats>,
@@ -113,6 +120,8 @@ pub async fn run<F: BenchFrontend>(
     let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
     let shared = Arc::new(Shared {
         phase: AtomicU8::new(WARMUP),
+        first_done: AtomicBool::new(false),
+        first_notify: Notify::new(),
         stop: AtomicBool::new(false),
         next_id: AtomicU64::new(0),
         stats: Mutex::new(Stats {
@@ -144,6 +153,10 @@ pub async fn run<F: BenchFrontend>(
         })
         .collect();
     tokio::time::sleep_until(start + opts.warmup).await;
+    if !shared.first_done.load(Ordering::Acquire) {
+        // `notify_one` keeps a permit: a completion before this wait is not missed.
+        shared.first_notify.notified().await;
+    }
     shared.phase.store(WINDOW, Ordering::Release);
     say(&mut out, "WINDOW_START").await?;
     let window_start = Instant::now();
@@ -236,6 +249,11 @@ async fn client<F: BenchFrontend>(
         )
         .await;
         let done_in_window = shared.phase.load(Ordering::Acquire) == WINDOW;
+        if !shared.first_done.load(Ordering::Relaxed)
+            && !shared.first_done.swap(true, Ordering::AcqRel)
+        {
+            shared.first_notify.notify_one();
+        }
         let mut st = shared
             .stats
             .lock()

@@ -37,7 +37,8 @@ struct RunArgs {
     /// Measurement window, seconds.
     #[arg(long, default_value_t = 8.0)]
     duration: f64,
-    /// Warm-up before the window, seconds.
+    /// Warm-up before the window, seconds (the window also waits for the first request to
+    /// complete).
     #[arg(long, default_value_t = 3.0)]
     warmup: f64,
     /// Mock engines in all (spread over the worker processes).

@@ -28,6 +28,8 @@ fn every_arm_runs_and_reports_every_key() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("report.json");
     let plots = dir.join("plots");
+    // The window opens after the warm-up and the first completed request, however long
+    // process and connection set-up take on a loaded machine: set-up never eats the window.
     let out = Command::new(env!("CARGO_BIN_EXE_velo-bench"))
         .args([
             "--arms",

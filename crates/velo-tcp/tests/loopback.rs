@@ -9,7 +9,7 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
-use velo_mux::StreamEnd;
+use velo_mux::{LaneError, StreamEnd};
 use velo_session::{ConnectError, OpenStreamError};
 use velo_wire::{Close, CloseCode, Frame, FrameDecoder, Hello, InstanceId, Role, Token};
 
@@ -104,8 +104,8 @@ fn worker_hello(frontend: InstanceId) -> Hello {
 async fn a_version_mismatch_is_refused_with_a_clear_error_on_both_sides() {
     let tracker = TaskTracker::new();
     let (frontend, _inbox) = frontend(&tracker).await;
-    // A worker of version 2 talking to us.
-    let t0 = Instant::now();
+    // A worker of version 2 talking to us. Refused by an answer (a timeout would be
+    // BAD_HANDSHAKE).
     let mut s = raw_hello(frontend.local_addr(), &worker_hello(frontend.instance()), 2).await;
     let close = read_close(&mut s).await;
     assert_eq!(close.code, CloseCode::UNSUPPORTED_VERSION);
@@ -113,7 +113,6 @@ async fn a_version_mismatch_is_refused_with_a_clear_error_on_both_sides() {
         close.reason,
         "unsupported protocol version 2: this side speaks version 3"
     );
-    assert!(t0.elapsed() < Duration::from_secs(1));
     assert_eq!(frontend.stats().handshake_failures, 1);
 
     // A frontend of version 2 answering our worker.
@@ -141,13 +140,9 @@ async fn a_version_mismatch_is_refused_with_a_clear_error_on_both_sides() {
         }
     });
     let worker = worker(&tracker);
-    let t0 = Instant::now();
-    let err = worker
-        .endpoint()
-        .peer(fake_addr, fake_id)
+    let err = within("peer", worker.endpoint().peer(fake_addr, fake_id))
         .await
         .unwrap_err();
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     let msg = err.to_string();
     assert!(matches!(err, ConnectError::Wire { .. }), "{msg}");
     assert!(
@@ -214,25 +209,14 @@ async fn garbage_bytes_close_that_connection_and_the_listener_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_speaks_is_dropped_without_stalling_others() {
     let tracker = TaskTracker::new();
-    let (tx, mut inbox) = tokio::sync::mpsc::channel(16);
-    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Frontend)
-        .build()
-        .unwrap();
-    let cfg = velo_tcp::TcpConfig {
-        handshake_timeout: Duration::from_secs(2),
-        ..tcp_config()
-    };
-    let frontend = velo_tcp::TcpFrontend::bind(
-        loopback(),
-        mux,
-        cfg,
-        std::sync::Arc::new(Inbox(tx)),
-        tracker.clone(),
-    )
-    .await
-    .unwrap();
-    let mut silent = TcpStream::connect(frontend.local_addr()).await.unwrap();
+    // The default handshake bound (5 s): far longer than serving another worker takes, so the
+    // silent peer certainly still holds its slot meanwhile (and the worker's own lanes never
+    // race it).
+    let (frontend, mut inbox) = frontend(&tracker).await;
+    let timeout = tcp_config().handshake_timeout;
+    // Taken before connecting: certainly before the frontend starts the silent peer's timer.
     let t0 = Instant::now();
+    let mut silent = TcpStream::connect(frontend.local_addr()).await.unwrap();
     // Meanwhile a real worker connects and streams, while the silent peer holds its slot.
     let worker = worker(&tracker);
     let mut s = worker
@@ -261,19 +245,15 @@ async fn a_peer_that_never_speaks_is_dropped_without_stalling_others() {
         "the other worker was served while the silent peer was still connected"
     );
     assert_eq!(frontend.stats().handshake_timeouts, 0);
-    // The silent one is closed once its handshake timeout (2 s here) passes.
+    // The silent one is closed once its handshake timeout passes.
     let close = read_close(&mut silent).await;
     assert_eq!(close.code, CloseCode::BAD_HANDSHAKE);
-    assert!(
-        t0.elapsed() >= Duration::from_millis(1900),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() >= timeout, "{:?}", t0.elapsed());
     assert_eq!(frontend.stats().handshake_timeouts, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_that_dies_mid_stream_ends_its_streams_as_lost_within_a_second() {
+async fn a_worker_that_dies_mid_stream_ends_its_streams_as_lost() {
     let tracker = TaskTracker::new();
     let (frontend, mut inbox) = frontend(&tracker).await;
     let (addr, id) = (frontend.local_addr(), frontend.instance());
@@ -314,12 +294,14 @@ async fn a_worker_that_dies_mid_stream_ends_its_streams_as_lost_within_a_second(
         receivers.push(r);
     }
     worker_rt.shutdown_background();
-    let t0 = Instant::now();
     for mut r in receivers {
         let end = within("end", r.recv()).await.expect("an end is reported");
-        assert!(matches!(end, Err(StreamEnd::Lost(_))), "{end:?}");
+        // Lost because the connections ended, not by the idle timer (nor anything else).
+        assert!(
+            matches!(end, Err(StreamEnd::Lost(LaneError::Transport(_)))),
+            "{end:?}"
+        );
     }
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,40 +419,76 @@ async fn concurrent_first_requests_share_one_preparation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_preparation_is_not_cached_and_retries_after_a_backoff() {
     let tracker = TaskTracker::new();
-    // Nothing listens on this port (bound then dropped).
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // Nothing listens on this port while `_closed` holds it.
+    let (_closed, addr) = closed_port();
     let id = InstanceId::from_u128(9);
-    let mut cfg = tcp_config();
-    cfg.backoff = velo_session::Backoff {
-        min: Duration::from_millis(200),
-        max: Duration::from_secs(1),
+    let worker_backing_off = |min: Duration| {
+        let mut cfg = tcp_config();
+        cfg.backoff = velo_session::Backoff { min, max: min };
+        let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Worker)
+            .build()
+            .unwrap();
+        velo_tcp::TcpWorker::new(mux, cfg, tracker.clone())
     };
-    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Worker)
-        .build()
-        .unwrap();
-    let worker = velo_tcp::TcpWorker::new(mux, cfg, tracker.clone());
-    let err = worker.endpoint().peer(addr, id).await.unwrap_err();
+    // A backoff far longer than the test: the second request certainly falls within it.
+    let worker = worker_backing_off(Duration::from_secs(60));
+    let err = within("peer", worker.endpoint().peer(addr, id))
+        .await
+        .unwrap_err();
     assert!(matches!(err, ConnectError::Io { .. }), "{err}");
     let dials = worker.stats().dial_failures;
     // Within the backoff: fail fast, no new dial.
-    let err = worker.endpoint().peer(addr, id).await.unwrap_err();
+    let err = within("peer", worker.endpoint().peer(addr, id))
+        .await
+        .unwrap_err();
     assert!(matches!(err, ConnectError::BackingOff { .. }), "{err}");
     assert!(err.to_string().contains("next attempt in"), "{err}");
     assert_eq!(worker.stats().dial_failures, dials);
-    // After it: a real new attempt.
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    let err = worker.endpoint().peer(addr, id).await.unwrap_err();
+    // After the backoff (1 ms here): a real new attempt.
+    let worker = worker_backing_off(Duration::from_millis(1));
+    let err = within("peer", worker.endpoint().peer(addr, id))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::Io { .. }), "{err}");
+    let dials = worker.stats().dial_failures;
+    let err = within("a new attempt after the backoff", async {
+        loop {
+            match worker.endpoint().peer(addr, id).await {
+                Err(ConnectError::BackingOff { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                other => break other,
+            }
+        }
+    })
+    .await
+    .unwrap_err();
     assert!(matches!(err, ConnectError::Io { .. }), "{err}");
     assert!(worker.stats().dial_failures > dials);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_returns_within_its_bound_while_half_open_connections_exist() {
+async fn shutdown_ends_every_task_without_waiting_for_half_open_connections() {
     let tracker = TaskTracker::new();
-    let (frontend, _inbox) = frontend(&tracker).await;
+    // Handshake and idle bounds far beyond the test's own: shutdown must not wait for them.
+    let (tx, _inbox) = tokio::sync::mpsc::channel(16);
+    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Frontend)
+        .idle_timeout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let cfg = velo_tcp::TcpConfig {
+        handshake_timeout: Duration::from_secs(3600),
+        ..tcp_config()
+    };
+    let frontend = velo_tcp::TcpFrontend::bind(
+        loopback(),
+        mux,
+        cfg,
+        std::sync::Arc::new(Inbox(tx)),
+        tracker.clone(),
+    )
+    .await
+    .unwrap();
     // One connection mid-handshake, silent.
     let _silent = TcpStream::connect(frontend.local_addr()).await.unwrap();
     // One handshaken lane whose peer then stops reading and never closes.
@@ -479,20 +497,18 @@ async fn shutdown_returns_within_its_bound_while_half_open_connections_exist() {
     within("answer", half.read_exact(&mut answer))
         .await
         .unwrap();
-    let t0 = Instant::now();
     within("shutdown", frontend.shutdown()).await;
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     tracker.close();
     within("every task ends", tracker.wait()).await;
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_silent_after_its_handshake_is_closed_by_the_idle_timer() {
     let tracker = TaskTracker::new();
     let (tx, _inbox) = tokio::sync::mpsc::channel(16);
+    let idle = Duration::from_millis(500);
     let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Frontend)
-        .idle_timeout(Duration::from_millis(500))
+        .idle_timeout(idle)
         .build()
         .unwrap();
     let frontend = velo_tcp::TcpFrontend::bind(
@@ -504,17 +520,15 @@ async fn a_peer_silent_after_its_handshake_is_closed_by_the_idle_timer() {
     )
     .await
     .unwrap();
+    // Taken before connecting: certainly before the frontend starts the lane's idle timer.
+    let t0 = Instant::now();
     let mut half = raw_hello(frontend.local_addr(), &worker_hello(frontend.instance()), 3).await;
     let mut answer = [0u8; 63];
     within("answer", half.read_exact(&mut answer))
         .await
         .unwrap();
-    let t0 = Instant::now();
     let close = read_close(&mut half).await;
     assert_eq!(close.code, CloseCode::IDLE_TIMEOUT);
     let waited = t0.elapsed();
-    assert!(
-        waited >= Duration::from_millis(450) && waited < Duration::from_millis(1500),
-        "{waited:?}"
-    );
+    assert!(waited >= idle && waited < idle + SLACK, "{waited:?}");
 }

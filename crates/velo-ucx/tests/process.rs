@@ -73,7 +73,6 @@ async fn a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once() {
     }
     // Mid-stream: items keep coming until the process dies.
     child.kill().expect("SIGKILL the worker process");
-    let t0 = Instant::now();
     let _ = child.wait();
     for mut r in receivers {
         let end = within("end", async {
@@ -88,12 +87,11 @@ async fn a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once() {
         assert!(matches!(end, Some(Err(StreamEnd::Lost(_)))), "{end:?}");
         assert_eq!(within("then nothing", r.recv()).await, None, "ends once");
     }
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
-    assert!(
-        frontend.stats().endpoint_errors >= 1,
-        "{:?}",
-        frontend.stats()
-    );
+    // The driver may fail the lanes (a send failing) before it counts the endpoint errors.
+    eventually("an endpoint error is counted", || {
+        frontend.stats().endpoint_errors >= 1
+    })
+    .await;
 }
 
 /// The worker process of the test above: opens streams, sends one item on each, says READY,
@@ -279,11 +277,14 @@ async fn an_idle_transport_burns_no_cpu() {
     assert!(status.success(), "the idle process failed: {status}");
 }
 
-/// How long each engine idles.
+/// How long each engine idles (at least: the window is measured).
 const IDLE_WINDOW: Duration = Duration::from_millis(1500);
-/// Idle budget: the window may cost this much CPU in all (timers, UCX's keepalive); a
-/// busy-polling engine would burn about the whole window.
-const IDLE_CPU_BUDGET: Duration = Duration::from_millis(50);
+/// Idle budget, as a share of the measured window (a whole core is 1.0): timers and UCX's
+/// keepalive cost well under 0.1%; a busy-polling engine burns about a whole core, and still
+/// a large share of one on a loaded machine.
+const IDLE_CPU_SHARE: f64 = 0.03;
+/// How long the transport's counters must stay unchanged before the window starts.
+const SETTLED_FOR: Duration = Duration::from_millis(100);
 
 #[test]
 #[ignore = "helper process of an_idle_transport_burns_no_cpu"]
@@ -327,16 +328,42 @@ async fn idle_window(engine: velo_ucx::ProgressEngine) {
     s.flush();
     let mut r = within("accept", inbox.recv()).await.unwrap().accept();
     assert_eq!(within("x", r.recv()).await.unwrap().unwrap(), &b"x"[..]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = cpu_time();
+    // Set-up done: every lane attached, and nothing moving (messages, engine wakeups, mux
+    // records) for a while.
+    let counters = || {
+        (
+            frontend.stats(),
+            worker.stats(),
+            frontend.endpoint().stats(),
+        )
+    };
+    within("the transport settles", async {
+        let mut last = counters();
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = counters();
+            if now != last {
+                (last, since) = (now, Instant::now());
+            } else if since.elapsed() >= SETTLED_FOR && now.0.lanes_accepted == now.1.lanes_dialed {
+                break;
+            }
+        }
+    })
+    .await;
+    let (before, started) = (cpu_time(), Instant::now());
     tokio::time::sleep(IDLE_WINDOW).await;
-    let used = cpu_time() - before;
+    let (used, window) = (cpu_time() - before, started.elapsed());
+    let share = used.as_secs_f64() / window.as_secs_f64();
     println!(
-        "{engine:?} engine idle for {IDLE_WINDOW:?} with a connection up: {used:?} of CPU (all threads)"
+        "{engine:?} engine idle for {window:?} with a connection up: {used:?} of CPU (all threads), {:.2}% of a core",
+        share * 100.0
     );
     assert!(
-        used < IDLE_CPU_BUDGET,
-        "{engine:?}: {used:?} of CPU while idle"
+        share < IDLE_CPU_SHARE,
+        "{engine:?} engine: {used:?} of CPU over {window:?} while idle ({:.1}% of a core, budget {:.1}%): is it polling?",
+        share * 100.0,
+        IDLE_CPU_SHARE * 100.0
     );
     assert!(
         worker

@@ -14,6 +14,10 @@ use velo_tcp::{TcpConfig, TcpFrontend, TcpWorker};
 /// Every test wait is bounded by this.
 pub const BOUND: Duration = Duration::from_secs(20);
 
+/// Added to a configured bound when a test checks that something happened within it: a
+/// loaded machine may run us late, never early.
+pub const SLACK: Duration = Duration::from_secs(5);
+
 /// Hands incoming streams to the test through a bounded channel.
 pub struct Inbox(pub mpsc::Sender<IncomingStream>);
 
@@ -29,11 +33,23 @@ pub fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
+/// The defaults, with the default handshake bound: a test that exercises a timeout sets its
+/// own, so that no other test races a short one on a loaded machine.
 pub fn tcp_config() -> TcpConfig {
     TcpConfig {
-        handshake_timeout: Duration::from_millis(300),
+        handshake_timeout: velo_tcp::DEFAULT_HANDSHAKE_TIMEOUT,
         ..TcpConfig::default()
     }
+}
+
+/// A loopback address where nothing listens for as long as the returned socket is held: the
+/// port is bound (without `SO_REUSEADDR`) and never listens, so no other test can take it
+/// and every connection attempt is refused.
+pub fn closed_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(loopback()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
 }
 
 pub async fn frontend(tracker: &TaskTracker) -> (TcpFrontend, mpsc::Receiver<IncomingStream>) {

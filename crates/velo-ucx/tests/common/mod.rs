@@ -14,6 +14,10 @@ use velo_ucx::{UcxConfig, UcxFrontend, UcxWorker};
 /// Every test wait is bounded by this.
 pub const BOUND: Duration = Duration::from_secs(20);
 
+/// Added to a configured bound when a test checks that something happened within it: a
+/// loaded machine may run us late, never early.
+pub const SLACK: Duration = Duration::from_secs(5);
+
 /// Hands incoming streams to the test through a bounded channel.
 pub struct Inbox(pub mpsc::Sender<IncomingStream>);
 
@@ -29,13 +33,20 @@ pub fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
-/// TCP over `lo` whatever the environment says (`UcxConfig::loopback`), with a short
-/// handshake bound.
+/// A loopback address where nothing listens for as long as the returned socket is held: the
+/// port is bound (without `SO_REUSEADDR`) and never listens, so no other test can take it
+/// and every connection attempt is refused.
+pub fn closed_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(loopback()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
+/// TCP over `lo` whatever the environment says (`UcxConfig::loopback`), with the default
+/// handshake bound (tests that exercise the bound set a shorter one themselves).
 pub fn ucx_config() -> UcxConfig {
-    UcxConfig {
-        handshake_timeout: Duration::from_secs(2),
-        ..UcxConfig::loopback()
-    }
+    UcxConfig::loopback()
 }
 
 pub async fn frontend(tracker: &TaskTracker) -> (UcxFrontend, mpsc::Receiver<IncomingStream>) {
