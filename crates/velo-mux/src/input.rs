@@ -199,10 +199,6 @@ impl Mux {
                 "OPEN reuses a slot whose stream is still live on this lane",
             ));
         }
-        if self.local_goaway {
-            refuse(self, CancelCode::GOING_AWAY);
-            return Ok(());
-        }
         let window = self.config.window;
         let stream = Stream {
             state: State::Open,

@@ -99,7 +99,7 @@ pub struct Mux {
     pub(crate) stats: MuxStats,
     /// The peer sent GOAWAY with this code.
     pub(crate) peer_goaway: Option<u32>,
-    /// This side sent GOAWAY: refuse new streams.
+    /// This side sent GOAWAY (once is enough).
     pub(crate) local_goaway: bool,
 }
 
@@ -234,10 +234,15 @@ impl Mux {
         );
     }
 
-    /// Tells the peer (GOAWAY on every lane) that this side takes no new streams. A frontend
-    /// refuses OPENs from now on; open streams finish normally.
+    /// Tells the peer (GOAWAY on every lane, once) that this side takes no new streams on
+    /// this connection: a worker opens no more streams on it (it opens them on a new
+    /// connection), and open streams finish normally. OPENs already on their way when the
+    /// GOAWAY left still arrive as [`MuxEvent::Opened`]: the frontend's application decides
+    /// (it serves the streams it registered before going away).
     pub fn go_away(&mut self, now: Instant, code: u32) {
-        self.local_goaway = true;
+        if std::mem::replace(&mut self.local_goaway, true) {
+            return;
+        }
         for i in 0..self.lanes.len() {
             let lane = lane_id(i);
             if self.lanes[i].state == LaneState::Up {

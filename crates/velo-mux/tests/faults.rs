@@ -494,3 +494,22 @@ fn a_cancel_for_an_old_generation_does_not_touch_the_slots_new_stream() {
     );
     pair.worker_send(new, b"fine");
 }
+
+#[test]
+fn an_open_in_flight_when_the_frontend_goes_away_is_still_delivered() {
+    let mut pair = Pair::new(default_configs());
+    // The worker opens before it can know; the frontend goes away while the OPEN travels.
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.frontend.go_away(pair.now, 0);
+    pair.drive();
+    // The frontend's application decides (it serves streams it registered before going
+    // away); the mux does not refuse them on its own.
+    let key = pair.frontend_key(ticket);
+    assert_eq!(pair.frontend.stats().streams_refused, 0);
+    pair.worker_send(s, b"served during the drain");
+    pair.worker_finish(s, b"");
+    pair.drive();
+    let got = pair.frontend_read(key);
+    assert_eq!(items(&got), vec![&b"served during the drain"[..]]);
+    assert_eq!(ends(&got), vec![&StreamEnd::Finished]);
+}

@@ -39,8 +39,8 @@ pub use pump::CLOSE_GRACE;
 pub use recv::{IncomingStream, RecvStream};
 pub use send::{SendStream, StreamWatch};
 pub use worker::{
-    Backoff, Connector, DEFAULT_READ_BUFFER, OpenStreamError, WorkerEndpoint, WorkerSettings,
-    open_on,
+    Backoff, Connector, DEFAULT_PREPARE_TIMEOUT, DEFAULT_READ_BUFFER, OpenStreamError,
+    WorkerEndpoint, WorkerSettings, open_on,
 };
 
 /// A fresh random instance id (never zero).

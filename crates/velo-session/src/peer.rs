@@ -50,6 +50,8 @@ pub(crate) struct PeerInner {
     instance: InstanceId,
     /// Some lane is up: read without the lock on the worker's per-request fast path.
     alive: AtomicBool,
+    /// The peer sent GOAWAY: it takes no new streams on this connection.
+    going_away: AtomicBool,
     /// Lane pumps still running.
     pumps: AtomicU16,
     /// Cancelled when every lane is closed and its pumps have ended.
@@ -129,6 +131,7 @@ impl Peer {
                 lanes,
                 instance,
                 alive: AtomicBool::new(false),
+                going_away: AtomicBool::new(false),
                 pumps: AtomicU16::new(0),
                 done: CancellationToken::new(),
                 acceptor,
@@ -144,6 +147,18 @@ impl Peer {
     /// Whether any lane to the peer is up. Lock-free.
     pub fn is_alive(&self) -> bool {
         self.inner.alive.load(Ordering::Acquire)
+    }
+
+    /// Whether new streams may be opened on this connection: a lane is up and the peer did
+    /// not say it is going away. Lock-free.
+    pub fn is_usable(&self) -> bool {
+        self.is_alive() && !self.is_going_away()
+    }
+
+    /// Whether the peer said it takes no new streams on this connection (GOAWAY). Open
+    /// streams go on; a worker opens new ones on a new connection. Lock-free.
+    pub fn is_going_away(&self) -> bool {
+        self.inner.going_away.load(Ordering::Acquire)
     }
 
     /// Resolves once every lane has closed and its pumps have ended.
@@ -225,7 +240,9 @@ impl Peer {
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut PeerState, Instant) -> R) -> R {
         let mut st = self.lock();
         let r = f(&mut st, clock::now());
-        st.dispatch(&self.inner.lanes);
+        if st.dispatch(&self.inner.lanes) {
+            self.inner.going_away.store(true, Ordering::Release);
+        }
         if std::mem::take(&mut st.lane_closed) && !st.mux.is_connected() {
             self.inner.alive.store(false, Ordering::Release);
         }
@@ -370,7 +387,9 @@ impl PeerState {
     }
 
     /// Turns the mux's events into wakeups (collected in `to_wake`, woken after unlock).
-    fn dispatch(&mut self, lanes: &[LaneCtl]) {
+    /// Returns whether the peer said it is going away.
+    fn dispatch(&mut self, lanes: &[LaneCtl]) -> bool {
+        let mut going_away = false;
         while let Some(event) = self.mux.poll_event() {
             match event {
                 MuxEvent::Readable(k) => {
@@ -404,7 +423,10 @@ impl PeerState {
                         ctl.notify.notify_one();
                     }
                 }
-                MuxEvent::GoAway { code } => tracing::debug!(code, "peer is going away"),
+                MuxEvent::GoAway { code } => {
+                    tracing::debug!(code, "peer is going away");
+                    going_away = true;
+                }
                 MuxEvent::Opened {
                     stream,
                     ticket,
@@ -420,6 +442,7 @@ impl PeerState {
                 ctl.notify.notify_one();
             }
         }
+        going_away
     }
 
     fn wake_lane_waiters(&mut self, lane: LaneId) {

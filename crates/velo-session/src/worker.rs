@@ -2,8 +2,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
+
+use tokio::sync::oneshot;
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -55,17 +58,32 @@ pub struct WorkerSettings {
     pub backoff: Backoff,
     /// Receive buffer of each lane's reader, in bytes.
     pub read_buffer: usize,
+    /// Bound on preparing one connection (dialing and handshaking every lane), whatever the
+    /// transport's own timeouts.
+    pub prepare_timeout: Duration,
 }
 
 /// Default reader buffer: 64 KiB, the batch cap, so one read usually takes a whole batch.
 pub const DEFAULT_READ_BUFFER: usize = 64 * 1024;
 
+/// Default bound on preparing one connection: 10 s.
+pub const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A frontend as a worker addresses it: its instance id at an address.
+type FrontendKey = (InstanceId, SocketAddr);
+
+/// A preparation's outcome, awaited by every request that wants it.
 type Preparation = Shared<BoxFuture<'static, Result<Peer, ConnectError>>>;
 
 enum Entry {
     Ready(Peer),
-    /// A preparation in progress, and how many failed in a row before it.
-    Preparing(Preparation, u32),
+    /// A preparation running as a task of its own (it completes and is recorded even if
+    /// every request waiting for it gives up), its id, and how many failed in a row before.
+    Preparing {
+        id: u64,
+        done: Preparation,
+        failures: u32,
+    },
     Failed {
         at: tokio::time::Instant,
         retry_at: tokio::time::Instant,
@@ -76,11 +94,13 @@ enum Entry {
 
 /// A worker's side of the response plane: opens response streams to frontends.
 ///
-/// Connections are prepared once per frontend instance and shared by all streams to it.
-/// Concurrent first requests share one preparation; a failed one is not cached (a later
+/// Connections are prepared once per frontend (instance id and address) and shared by all
+/// streams to it. Concurrent first requests share one preparation, which runs as a task of
+/// its own under [`WorkerSettings::prepare_timeout`]; a failed one is not cached (a later
 /// request retries, after a backoff during which requests fail fast); a frontend that
-/// restarts (a new instance id) gets a new connection. The per-request fast path takes a read
-/// lock and does no I/O.
+/// restarts (a new instance id) gets a new connection, and so does one that said it is
+/// going away (the old connection serves its open streams to their end). The per-request
+/// fast path takes a read lock and does no I/O.
 #[derive(Clone)]
 pub struct WorkerEndpoint {
     inner: Arc<WorkerInner>,
@@ -89,7 +109,10 @@ pub struct WorkerEndpoint {
 struct WorkerInner {
     settings: WorkerSettings,
     connector: Arc<dyn Connector>,
-    peers: RwLock<HashMap<InstanceId, Entry>>,
+    peers: RwLock<HashMap<FrontendKey, Entry>>,
+    /// Connections whose frontend went away: no new streams, open ones finish.
+    draining: Mutex<Vec<Peer>>,
+    next_preparation: AtomicU64,
     tracker: TaskTracker,
     /// Cancelled by `close`: no new connections.
     token: CancellationToken,
@@ -118,6 +141,8 @@ impl WorkerEndpoint {
                 settings,
                 connector,
                 peers: RwLock::new(HashMap::new()),
+                draining: Mutex::new(Vec::new()),
+                next_preparation: AtomicU64::new(0),
                 tracker,
                 token: CancellationToken::new(),
                 abort: CancellationToken::new(),
@@ -134,61 +159,17 @@ impl WorkerEndpoint {
         if self.inner.token.is_cancelled() {
             return Err(ConnectError::ShuttingDown);
         }
+        let key = (instance, addr);
         {
-            let peers = self
-                .inner
-                .peers
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
-            if let Some(Entry::Ready(p)) = peers.get(&instance)
-                && p.is_alive()
+            let peers = self.inner.read_peers();
+            if let Some(Entry::Ready(p)) = peers.get(&key)
+                && p.is_usable()
             {
                 return Ok(p.clone());
             }
         }
-        let preparation = {
-            let mut peers = self
-                .inner
-                .peers
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            let now = tokio::time::Instant::now();
-            // Forget dead connections and expired failures while we hold the lock anyway.
-            peers.retain(|_, e| match e {
-                Entry::Ready(p) => p.is_alive(),
-                Entry::Failed { retry_at, .. } => *retry_at + self.inner.settings.backoff.max > now,
-                Entry::Preparing(..) => true,
-            });
-            match peers.get(&instance) {
-                Some(Entry::Ready(p)) => return Ok(p.clone()),
-                Some(Entry::Preparing(f, _)) => f.clone(),
-                Some(Entry::Failed {
-                    at,
-                    retry_at,
-                    error,
-                    ..
-                }) if now < *retry_at => {
-                    return Err(ConnectError::BackingOff {
-                        addr: addr.to_string(),
-                        ago: now - *at,
-                        retry_in: *retry_at - now,
-                        last: Box::new(error.clone()),
-                    });
-                }
-                _ => {
-                    let failures = match peers.get(&instance) {
-                        Some(Entry::Failed { failures, .. }) => *failures,
-                        _ => 0,
-                    };
-                    let f = prepare(self.inner.clone(), addr, instance).boxed().shared();
-                    peers.insert(instance, Entry::Preparing(f.clone(), failures));
-                    f
-                }
-            }
-        };
-        let result = preparation.await;
-        self.record(instance, &result);
-        result
+        let preparation = self.inner.preparation(key)?;
+        preparation.await
     }
 
     /// Opens a response stream to frontend `instance` at `addr`: prepares the connection if
@@ -196,8 +177,8 @@ impl WorkerEndpoint {
     ///
     /// # Errors
     ///
-    /// [`StreamError::Open`] or a preparation failure mapped to
-    /// [`StreamError::Disconnected`]; use [`peer`](Self::peer) to see the cause.
+    /// [`OpenStreamError::Connect`] when the connection cannot be prepared,
+    /// [`OpenStreamError::Stream`] when the mux refuses the stream.
     pub async fn open(
         &self,
         addr: SocketAddr,
@@ -215,32 +196,26 @@ impl WorkerEndpoint {
 
     /// Flushes every connection's open batches now.
     pub fn flush(&self) {
-        let peers = self
-            .inner
-            .peers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        for e in peers.values() {
-            if let Entry::Ready(p) = e {
-                p.flush();
-            }
+        for p in self.peers() {
+            p.flush();
         }
     }
 
-    /// Live connections.
+    /// Live connections, those still taking new streams and those draining.
     pub fn peers(&self) -> Vec<Peer> {
-        let peers = self
+        let mut live: Vec<Peer> = self
             .inner
-            .peers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        peers
+            .read_peers()
             .values()
             .filter_map(|e| match e {
                 Entry::Ready(p) if p.is_alive() => Some(p.clone()),
                 _ => None,
             })
-            .collect()
+            .collect();
+        let mut draining = self.inner.draining();
+        draining.retain(Peer::is_alive);
+        live.extend(draining.iter().cloned());
+        live
     }
 
     /// Stops every lane at once, abandoning writes in progress (for a bounded shutdown whose
@@ -255,41 +230,140 @@ impl WorkerEndpoint {
     /// tracker.
     pub fn close(&self) {
         self.inner.token.cancel();
-        let peers = std::mem::take(
-            &mut *self
-                .inner
-                .peers
-                .write()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for e in peers.into_values() {
-            if let Entry::Ready(p) = e {
-                p.close(velo_wire::CloseCode::SHUTTING_DOWN, "worker shutting down");
-            }
+        let peers = std::mem::take(&mut *self.inner.write_peers());
+        let draining = std::mem::take(&mut *self.inner.draining());
+        let ready = peers.into_values().filter_map(|e| match e {
+            Entry::Ready(p) => Some(p),
+            _ => None,
+        });
+        for p in ready.chain(draining) {
+            close_for_shutdown(&p);
         }
     }
+}
 
-    fn record(&self, instance: InstanceId, result: &Result<Peer, ConnectError>) {
-        let mut peers = self
-            .inner
-            .peers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let Some(&Entry::Preparing(_, failures_before)) = peers.get(&instance) else {
-            return; // another waiter recorded it already
+impl WorkerInner {
+    fn read_peers(&self) -> RwLockReadGuard<'_, HashMap<FrontendKey, Entry>> {
+        self.peers.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_peers(&self) -> RwLockWriteGuard<'_, HashMap<FrontendKey, Entry>> {
+        self.peers.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn draining(&self) -> MutexGuard<'_, Vec<Peer>> {
+        self.draining.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The preparation of `key` to wait for: the one running, or a new one. A usable
+    /// connection found meanwhile resolves at once.
+    fn preparation(self: &Arc<Self>, key: FrontendKey) -> Result<Preparation, ConnectError> {
+        let mut peers = self.write_peers();
+        let now = tokio::time::Instant::now();
+        // Forget expired failures while we hold the lock anyway.
+        let keep_failure = self.settings.backoff.max;
+        peers.retain(|_, e| match e {
+            Entry::Failed { retry_at, .. } => *retry_at + keep_failure > now,
+            Entry::Ready(_) | Entry::Preparing { .. } => true,
+        });
+        let failures = match peers.get(&key) {
+            Some(Entry::Ready(p)) if p.is_usable() => {
+                let p = p.clone();
+                return Ok(futures::future::ready(Ok(p)).boxed().shared());
+            }
+            Some(Entry::Ready(p)) => {
+                if p.is_alive() {
+                    // Going away: its open streams finish on it; new ones get a new one.
+                    let mut draining = self.draining();
+                    draining.retain(Peer::is_alive);
+                    draining.push(p.clone());
+                }
+                0
+            }
+            Some(Entry::Preparing { done, .. }) => return Ok(done.clone()),
+            Some(Entry::Failed {
+                at,
+                retry_at,
+                error,
+                ..
+            }) if now < *retry_at => {
+                return Err(ConnectError::BackingOff {
+                    addr: key.1.to_string(),
+                    ago: now - *at,
+                    retry_in: *retry_at - now,
+                    last: Box::new(error.clone()),
+                });
+            }
+            Some(Entry::Failed { failures, .. }) => *failures,
+            None => 0,
         };
-        match result {
+        let id = self.next_preparation.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let inner = self.clone();
+        self.tracker.spawn(async move {
+            let timeout = inner.settings.prepare_timeout;
+            let result = tokio::time::timeout(timeout, prepare(&inner, key))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ConnectError::Timeout {
+                        addr: key.1.to_string(),
+                        timeout,
+                    })
+                });
+            let result = inner.record(key, id, result);
+            // Nobody may be waiting any more: the outcome is recorded either way.
+            drop(tx.send(result));
+        });
+        let done = async move { rx.await.unwrap_or(Err(ConnectError::ShuttingDown)) }
+            .boxed()
+            .shared();
+        peers.insert(
+            key,
+            Entry::Preparing {
+                id,
+                done: done.clone(),
+                failures,
+            },
+        );
+        Ok(done)
+    }
+
+    /// Records the outcome of preparation `id` of `key`, unless the endpoint closed meanwhile
+    /// (then a new connection is closed at once and the outcome is `ShuttingDown`).
+    fn record(
+        &self,
+        key: FrontendKey,
+        id: u64,
+        result: Result<Peer, ConnectError>,
+    ) -> Result<Peer, ConnectError> {
+        let mut peers = self.write_peers();
+        if self.token.is_cancelled() {
+            if let Ok(p) = &result {
+                close_for_shutdown(p);
+            }
+            return Err(ConnectError::ShuttingDown);
+        }
+        let failures_before = match peers.get(&key) {
+            Some(Entry::Preparing {
+                id: current,
+                failures,
+                ..
+            }) if *current == id => *failures,
+            // Not ours (cannot happen while it runs; kept for safety): leave the entry be.
+            _ => return result,
+        };
+        match &result {
             Ok(p) => {
-                peers.insert(instance, Entry::Ready(p.clone()));
+                peers.insert(key, Entry::Ready(p.clone()));
             }
             Err(error) => {
                 let failures = failures_before + 1;
-                let b = self.inner.settings.backoff;
+                let b = self.settings.backoff;
                 let wait = b.min.saturating_mul(1 << (failures - 1).min(16)).min(b.max);
                 let at = tokio::time::Instant::now();
-                tracing::debug!(%instance, %error, ?wait, "connection preparation failed");
+                tracing::debug!(instance = %key.0, addr = %key.1, %error, ?wait, "connection preparation failed");
                 peers.insert(
-                    instance,
+                    key,
                     Entry::Failed {
                         at,
                         retry_at: at + wait,
@@ -299,7 +373,12 @@ impl WorkerEndpoint {
                 );
             }
         }
+        result
     }
+}
+
+fn close_for_shutdown(p: &Peer) {
+    p.close(velo_wire::CloseCode::SHUTTING_DOWN, "worker shutting down");
 }
 
 /// Why [`WorkerEndpoint::open`] failed.
@@ -330,11 +409,7 @@ pub fn open_on(
     Ok(SendStream::new(peer.clone(), key))
 }
 
-async fn prepare(
-    inner: Arc<WorkerInner>,
-    addr: SocketAddr,
-    instance: InstanceId,
-) -> Result<Peer, ConnectError> {
+async fn prepare(inner: &WorkerInner, (instance, addr): FrontendKey) -> Result<Peer, ConnectError> {
     let mux_config = inner.settings.mux.clone();
     let lanes = mux_config.lanes();
     // A fresh id per connection: see docs/protocol.md, HELLO instance_id.

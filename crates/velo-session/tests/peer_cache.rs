@@ -171,3 +171,102 @@ async fn a_closed_worker_endpoint_prepares_nothing() {
     assert_eq!(w.connector.dials(), 0);
     w.shut_down().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn after_a_go_away_new_streams_use_a_fresh_connection_and_old_ones_finish() {
+    let mut w = World::new();
+    let (mut old_tx, mut old_rx) = w.stream(1).await;
+    let old_peer = old_tx.peer().clone();
+    w.frontend.go_away();
+    common::eventually("the worker hearing of the go-away", || {
+        old_peer.is_going_away()
+    })
+    .await;
+    // A new stream goes on a new connection (the frontend is draining, not closed).
+    let (mut new_tx, mut new_rx) = w.stream(2).await;
+    assert_eq!(w.connector.dials(), 2 * LANES);
+    assert!(!new_tx.peer().is_going_away());
+    new_tx.send(b"new").await.unwrap();
+    assert_eq!(
+        within("the new stream's item", new_rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"new"
+    );
+    // The old connection still carries its open stream to the end.
+    old_tx.send(b"old").await.unwrap();
+    old_tx.finish(bytes::Bytes::new()).await.unwrap();
+    assert_eq!(
+        within("the old stream's item", old_rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"old"
+    );
+    assert!(
+        within("the old stream's end", old_rx.recv())
+            .await
+            .is_none()
+    );
+    drop(new_tx);
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_preparation_whose_waiters_all_gave_up_still_completes_and_serves_later_requests() {
+    let mut w = World::new();
+    let instance = w.frontend.instance();
+    // The only request gives up while its lanes are being dialed.
+    let gave_up =
+        tokio::time::timeout(common::DIAL_TIME / 5, w.worker.peer(addr(), instance)).await;
+    assert!(
+        gave_up.is_err(),
+        "the request was meant to give up mid-preparation"
+    );
+    // The preparation finishes without it, and its lanes run (heartbeats keep them up).
+    common::eventually("the abandoned preparation completing", || {
+        w.worker.peers().len() == 1
+    })
+    .await;
+    // Time passes timer by timer (a sleep under paused time), so heartbeats flow.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (mut tx, mut rx) = w.stream(1).await;
+    assert_eq!(
+        w.connector.dials(),
+        LANES,
+        "the later request used that connection"
+    );
+    tx.send(b"served").await.unwrap();
+    assert_eq!(
+        within("the item", rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"served"
+    );
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn connections_are_cached_per_instance_and_address() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    let (a, b): (std::net::SocketAddr, std::net::SocketAddr) = (
+        "127.0.0.1:9".parse().unwrap(),
+        "127.0.0.2:9".parse().unwrap(),
+    );
+    within("a connection via one address", w.worker.peer(a, instance))
+        .await
+        .unwrap();
+    within("a connection via another", w.worker.peer(b, instance))
+        .await
+        .unwrap();
+    let dialed = w.connector.dialed();
+    assert_eq!(dialed.iter().filter(|d| **d == a).count(), LANES);
+    assert_eq!(dialed.iter().filter(|d| **d == b).count(), LANES);
+    w.shut_down().await;
+}

@@ -189,6 +189,7 @@ impl TcpWorker {
             mux,
             backoff: cfg.backoff,
             read_buffer: cfg.read_buffer,
+            prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
         };
         let connector = Arc::new(connector::TcpConnector {
             cfg,

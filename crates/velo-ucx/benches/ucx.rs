@@ -179,6 +179,7 @@ fn worker_endpoint(
                 mux,
                 backoff: velo_session::Backoff::default(),
                 read_buffer: velo_session::DEFAULT_READ_BUFFER,
+                prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
             };
             (
                 WorkerEndpoint::new(settings, Arc::new(TcpDial), tracker.clone()),

@@ -285,6 +285,7 @@ mod transport {
                 mux,
                 backoff: cfg.backoff,
                 read_buffer: cfg.read_buffer,
+                prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
             };
             let connector = Arc::new(connector::UcxConnector {
                 handle: running.handle.clone(),

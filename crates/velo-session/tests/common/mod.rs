@@ -30,6 +30,9 @@ use velo_wire::{CloseCode, Hello, InstanceId, Token};
 /// Every wait in these tests is bounded by this much virtual time.
 pub const BOUND: Duration = Duration::from_secs(60);
 
+/// How long a lane dial takes (virtual time).
+pub const DIAL_TIME: Duration = Duration::from_millis(10);
+
 /// Bytes a lane's pipe holds in each direction before a writer waits.
 pub const PIPE_BYTES: usize = 64 * 1024;
 
@@ -226,6 +229,7 @@ impl Acceptor for Inbox {
 pub struct MemConnector {
     frontends: Mutex<Vec<FrontendEndpoint>>,
     dials: AtomicUsize,
+    dialed: Mutex<Vec<SocketAddr>>,
     failing: AtomicBool,
     lanes: Mutex<Vec<LaneHandle>>,
 }
@@ -235,6 +239,7 @@ impl MemConnector {
         Arc::new(Self {
             frontends: Mutex::new(Vec::new()),
             dials: AtomicUsize::new(0),
+            dialed: Mutex::new(Vec::new()),
             failing: AtomicBool::new(false),
             lanes: Mutex::new(Vec::new()),
         })
@@ -250,6 +255,11 @@ impl MemConnector {
     /// Lane dials attempted so far.
     pub fn dials(&self) -> usize {
         self.dials.load(Ordering::SeqCst)
+    }
+
+    /// The address of every lane dial so far, in order.
+    pub fn dialed(&self) -> Vec<SocketAddr> {
+        self.dialed.lock().unwrap().clone()
     }
 
     /// Makes every dial fail with a connection refusal (or succeed again).
@@ -269,6 +279,7 @@ impl MemConnector {
         expect: Expect,
     ) -> Result<(Hello, LaneIo), ConnectError> {
         self.dials.fetch_add(1, Ordering::SeqCst);
+        self.dialed.lock().unwrap().push(addr);
         let refused = |reason: &str| ConnectError::Io {
             addr: addr.to_string(),
             source: Arc::new(io::Error::new(
@@ -324,7 +335,7 @@ impl Connector for MemConnector {
         async move {
             // A dial takes a moment, so concurrent first requests overlap as they do on a
             // network.
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(DIAL_TIME).await;
             r
         }
         .boxed()
@@ -391,6 +402,7 @@ impl World {
             mux: worker_config(worker_mux),
             backoff: velo_session::Backoff::default(),
             read_buffer: velo_session::DEFAULT_READ_BUFFER,
+            prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
         };
         let worker = WorkerEndpoint::new(settings, connector.clone(), tracker.clone());
         Self {
@@ -443,7 +455,7 @@ pub fn unknown_instance() -> InstanceId {
 pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
     within(what, async {
         while !cond() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(DIAL_TIME).await;
         }
     })
     .await;
