@@ -9,10 +9,11 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use velo_wire::{CancelCode, Frame, Record, StreamId, Token};
 
-use crate::lane::{LaneState, WireSlot};
+use crate::lane::LaneState;
 use crate::slab::Key;
 use crate::state::{Event, State};
 use crate::stream::{Half, RecvHalf, Stream};
+use crate::wire_table::WireSlot;
 use crate::{LaneError, LaneId, Mux, MuxEvent, Side, StreamEnd, StreamKey};
 
 impl Mux {
@@ -183,21 +184,34 @@ impl Mux {
             mux.push_record(lane, &Record::Cancel { stream: id, code }, true);
             mux.update_ready(lane, now);
         };
-        let Some(slot) = usize::try_from(id.slot())
-            .ok()
-            .filter(|&s| s < self.config.max_streams as usize)
-        else {
+        let slot = id.slot();
+        if slot >= self.config.max_streams {
             refuse(self, CancelCode::TOO_MANY_STREAMS);
             return Ok(());
-        };
-        if let Some(Some(existing)) = self.lanes[i].wire.get(slot).copied() {
-            if existing.generation == id.generation() {
-                self.violate(now, existing.key, "second OPEN for a live stream");
-                return Ok(());
+        }
+        if let Some(existing) = self.lanes[i].wire.get(slot) {
+            let live = self
+                .streams
+                .get(existing.key)
+                .is_some_and(|s| s.state.is_live());
+            match (existing.generation == id.generation(), live) {
+                (true, true) => {
+                    self.violate(now, existing.key, "second OPEN for a live stream");
+                    return Ok(());
+                }
+                (true, false) => {
+                    self.after_end(existing.key);
+                    return Ok(());
+                }
+                (false, true) => {
+                    return Err(LaneError::Protocol(
+                        "OPEN reuses a slot whose stream is still live on this lane",
+                    ));
+                }
+                // The worker released its finished stream and reuses the slot; this side
+                // has not released its stream yet. The new stream takes the entry.
+                (false, false) => {}
             }
-            return Err(LaneError::Protocol(
-                "OPEN reuses a slot whose stream is still live on this lane",
-            ));
         }
         let window = self.config.window;
         let stream = Stream {
@@ -210,15 +224,13 @@ impl Mux {
             refuse(self, CancelCode::TOO_MANY_STREAMS);
             return Ok(());
         };
-        let wire = &mut self.lanes[i].wire;
-        if wire.len() <= slot {
-            // Bounded: slot < max_streams was checked above.
-            wire.resize(slot + 1, None);
-        }
-        wire[slot] = Some(WireSlot {
-            generation: id.generation(),
-            key,
-        });
+        self.lanes[i].wire.insert(
+            slot,
+            WireSlot {
+                generation: id.generation(),
+                key,
+            },
+        );
         self.lanes[i].streams += 1;
         self.stats.streams_opened += 1;
         self.events.push_back(MuxEvent::Opened {
@@ -298,17 +310,44 @@ impl Mux {
         Ok(())
     }
 
-    /// Frontend: the live stream `id` names on `lane`, or `None` (stale: dropped and counted).
+    /// Frontend: the live stream `id` names on `lane`, or `None`: a stale record (dropped and
+    /// counted), or one after the stream's FINAL or ERROR (the worker's error, see
+    /// [`after_end`](Self::after_end)).
     fn live_wire(&mut self, lane: LaneId, id: StreamId) -> Option<StreamKey> {
         let key = self.lanes[usize::from(lane.0)].wire_slot(id);
-        let live = key
-            .and_then(|k| self.streams.get(k))
-            .is_some_and(|s| s.state.is_live());
-        if !live {
-            self.stats.stale_drops += 1;
-            return None;
+        match key.and_then(|k| self.streams.get(k).map(|s| (k, s.state.is_live()))) {
+            Some((k, true)) => Some(k),
+            Some((k, false)) => {
+                // Only streams the worker ended keep their entry once ended.
+                self.after_end(k);
+                None
+            }
+            None => {
+                self.stats.stale_drops += 1;
+                None
+            }
         }
-        key
+    }
+
+    /// Frontend: the worker sent a record for a stream it had ended with FINAL or ERROR.
+    /// Counted; the stream's end becomes a violation if the application has not read it yet
+    /// (the worker did not end it as it said), and siblings on the lane are unaffected.
+    fn after_end(&mut self, key: StreamKey) {
+        self.stats.records_after_end += 1;
+        let Some(Stream {
+            half: Half::Recv(r),
+            ..
+        }) = self.streams.get_mut(key)
+        else {
+            return;
+        };
+        if !r.end_delivered {
+            r.end = Some(StreamEnd::Violation("a record after the stream's end"));
+            if !r.readable_signalled {
+                r.readable_signalled = true;
+                self.events.push_back(MuxEvent::Readable(key));
+            }
+        }
     }
 
     /// Worker: the live stream `id` names, or `None` when it is stale (dropped and counted).

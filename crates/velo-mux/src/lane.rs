@@ -9,6 +9,7 @@ use velo_wire::{FRAME_HEADER_LEN, FrameDecoder, FrameKind, StreamId, frame_heade
 
 use crate::StreamKey;
 use crate::flush::{FlushPolicy, FlushReason, Pending};
+use crate::wire_table::WireTable;
 
 /// A lane's index within its connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,13 +40,6 @@ pub(crate) struct PeerParams {
     pub(crate) heartbeat_interval: Duration,
 }
 
-/// Frontend: which local stream a worker slot on this lane belongs to.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WireSlot {
-    pub(crate) generation: u32,
-    pub(crate) key: StreamKey,
-}
-
 #[derive(Debug)]
 pub(crate) struct Lane {
     pub(crate) state: LaneState,
@@ -53,8 +47,9 @@ pub(crate) struct Lane {
     pub(crate) decoder: FrameDecoder,
     /// Live streams placed on this lane (for least-loaded placement).
     pub(crate) streams: u32,
-    /// Frontend: worker slot -> stream, for streams opened on this lane.
-    pub(crate) wire: Vec<Option<WireSlot>>,
+    /// Frontend: worker slot -> stream, for streams opened on this lane and not released
+    /// (an entry outlives a stream the worker ended, to catch records after its end).
+    pub(crate) wire: WireTable,
     pub(crate) tx: Tx,
     pub(crate) last_rx: Instant,
     /// Since when the driver has been writing chunks it took from
@@ -80,7 +75,7 @@ impl Lane {
             },
             decoder: FrameDecoder::new(max_frame_len),
             streams: 0,
-            wire: Vec::new(),
+            wire: WireTable::default(),
             tx: Tx::new(now),
             last_rx: now,
             writing_since: None,
@@ -91,18 +86,11 @@ impl Lane {
     }
 
     pub(crate) fn wire_slot(&self, id: StreamId) -> Option<StreamKey> {
-        let slot = self.wire.get(usize::try_from(id.slot()).ok()?)?.as_ref()?;
-        (slot.generation == id.generation()).then_some(slot.key)
+        self.wire.lookup(id)
     }
 
     pub(crate) fn clear_wire_slot(&mut self, id: StreamId) {
-        if let Some(entry) = usize::try_from(id.slot())
-            .ok()
-            .and_then(|i| self.wire.get_mut(i))
-            && entry.is_some_and(|s| s.generation == id.generation())
-        {
-            *entry = None;
-        }
+        self.wire.remove(id);
     }
 }
 

@@ -72,6 +72,7 @@ mod slab;
 pub mod state;
 mod stats;
 mod stream;
+mod wire_table;
 
 #[cfg(feature = "test-util")]
 pub mod testing;

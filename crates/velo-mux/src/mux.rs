@@ -155,6 +155,14 @@ impl Mux {
             .map_or(0, |l| l.tx.buffered())
     }
 
+    /// Frontend: heap bytes of `lane`'s table from worker slots to streams (it follows the
+    /// live streams, whatever slot numbers the worker uses).
+    pub fn lane_table_bytes(&self, lane: LaneId) -> usize {
+        self.lanes
+            .get(usize::from(lane.0))
+            .map_or(0, |l| l.wire.heap_bytes())
+    }
+
     /// Whether any lane is up.
     pub fn is_connected(&self) -> bool {
         self.lanes.iter().any(|l| l.state == LaneState::Up)
@@ -576,6 +584,10 @@ impl Mux {
         s.state = next;
         let lane = usize::from(s.lane.0);
         let wire = s.wire;
+        let end_kind = match &end {
+            StreamEnd::Finished | StreamEnd::Error { .. } => EndKind::Worker,
+            _ => EndKind::Other,
+        };
         match &end {
             StreamEnd::Finished => self.stats.streams_finished += 1,
             StreamEnd::Error { .. } | StreamEnd::Reset(_) => self.stats.streams_errored += 1,
@@ -606,13 +618,25 @@ impl Mux {
                 }
             }
         }
+        // A stream the worker ended keeps its entry until it is released, so a record after
+        // its end is recognised as the worker's error, not mistaken for a stale one.
+        let worker_ended = matches!(end_kind, EndKind::Worker);
         if let Some(l) = self.lanes.get_mut(lane) {
             l.streams = l.streams.saturating_sub(1);
-            if self.config.side == Side::Frontend {
+            if self.config.side == Side::Frontend && !worker_ended {
                 l.clear_wire_slot(wire);
             }
         }
     }
+}
+
+/// Who ended a stream, as far as the frontend's wire table cares.
+#[derive(Clone, Copy)]
+enum EndKind {
+    /// The worker, with FINAL or ERROR: nothing more may come for it.
+    Worker,
+    /// Anything else (cancel, lane loss, violation): records may still be in flight.
+    Other,
 }
 
 pub(crate) fn lane_id(i: usize) -> LaneId {

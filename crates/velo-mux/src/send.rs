@@ -208,14 +208,22 @@ impl Mux {
         let Some(s) = self.streams.get(key) else {
             return;
         };
-        if s.state.is_live() {
+        let (lane, wire, live) = (s.lane, s.wire, s.state.is_live());
+        if live {
             match s.half {
                 Half::Send(_) => {
+                    // Live, so the reset cannot fail; nothing to report if it did.
                     let _ =
                         self.reset(now, key, RESET_DROPPED, "stream dropped before it finished");
                 }
                 Half::Recv(_) => self.cancel(now, key, velo_wire::CancelCode::CANCELLED),
             }
+        }
+        if self.config.side == Side::Frontend
+            && let Some(l) = self.lanes.get_mut(usize::from(lane.0))
+        {
+            // A stream the worker ended kept its entry until now.
+            l.clear_wire_slot(wire);
         }
         self.streams.remove(key);
     }

@@ -50,6 +50,9 @@ pub struct MuxStats {
     pub heartbeats_sent: u64,
     /// Records dropped because they named a stream that is gone (stale generation).
     pub stale_drops: u64,
+    /// Frontend: records naming a stream the worker had already ended with FINAL or ERROR
+    /// (a broken worker; the stream's end becomes a violation if it was not read yet).
+    pub records_after_end: u64,
     /// Streams opened (worker) or accepted (frontend).
     pub streams_opened: u64,
     /// Streams that ended with FINAL.

@@ -513,3 +513,54 @@ fn an_open_in_flight_when_the_frontend_goes_away_is_still_delivered() {
     assert_eq!(items(&got), vec![&b"served during the drain"[..]]);
     assert_eq!(ends(&got), vec![&StreamEnd::Finished]);
 }
+
+#[test]
+fn an_open_naming_a_high_slot_costs_memory_for_one_stream_not_for_the_slot_number() {
+    let mut pair = Pair::new(default_configs());
+    let lane = LaneId(0);
+    let open = Record::Open {
+        stream: StreamId::new(65_535, 1),
+        ticket: 1,
+        token: Token([0; 16]),
+        prologue: Bytes::from_static(PROLOGUE),
+    };
+    inject(&mut pair, lane, &[open]).unwrap();
+    assert_eq!(pair.frontend.stream_count(), 1);
+    let bytes = pair.frontend.lane_table_bytes(lane);
+    assert!(
+        bytes <= 16 * 1024,
+        "one OPEN made the lane's table hold {bytes} bytes"
+    );
+}
+
+#[test]
+fn a_record_after_a_streams_final_is_reported_as_a_violation_not_dropped() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.worker_send(s, b"a");
+    let id = pair.worker.stream_wire_id(s).unwrap();
+    pair.worker_finish(s, b"");
+    pair.drive();
+    let fk = pair.frontend_key(ticket);
+    let lane = pair.frontend.stream_lane(fk).unwrap();
+    // A broken worker sends more on the finished stream (seq 1 follows the FINAL's).
+    let late = Record::Data {
+        stream: id,
+        seq: 1,
+        payload: Bytes::from_static(b"late"),
+    };
+    inject(&mut pair, lane, &[late]).unwrap();
+    let got = pair.frontend_read(fk);
+    assert_eq!(items(&got), vec![&b"a"[..]]);
+    assert_eq!(
+        ends(&got),
+        vec![&StreamEnd::Violation("a record after the stream's end")]
+    );
+    assert_eq!(pair.frontend.stats().records_after_end, 1);
+    assert_eq!(pair.frontend.stats().stale_drops, 0);
+    assert_eq!(
+        pair.frontend.lane_state(lane),
+        LaneState::Up,
+        "siblings are spared"
+    );
+}

@@ -206,6 +206,11 @@ impl FrontendEndpoint {
             &self.inner.tracker,
             self.inner.settings.read_buffer,
         );
+        // `close` may have run since the check above, before this connection was listed or
+        // before this lane came up: it must not outlive the close.
+        if self.inner.closing.load(Ordering::Acquire) {
+            peer.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
+        }
         Ok(())
     }
 
@@ -285,6 +290,7 @@ pub fn add_stats(a: &mut MuxStats, b: &MuxStats) {
         grants_sent,
         heartbeats_sent,
         stale_drops,
+        records_after_end,
         streams_opened,
         streams_finished,
         streams_errored,
