@@ -321,7 +321,9 @@ pub struct PendingResponse<T> {
 
 impl<T: DeserializeOwned> PendingResponse<T> {
     /// Ties the stream to the worker instance its request went to, so
-    /// [`FrontendPlane::cancel_instance_streams`] can end it.
+    /// [`FrontendPlane::cancel_instance_streams`] can end it. Calling it again (the request
+    /// was retried on another worker) moves the tie: only the latest instance's removal
+    /// ends the stream.
     ///
     /// # Errors
     ///

@@ -73,7 +73,7 @@ pub use config::{
 pub use error::{ResponseError, TypedError};
 pub use frontend::{FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;
-pub use registry::{MAX_PENDING, TOMBSTONE_TTL};
+pub use registry::{MAX_PENDING, MAX_TOMBSTONES, TOMBSTONE_TTL};
 pub use stats::{BATCH_RECORDS_BUCKETS, FLUSH_REASONS, PlaneStats};
 pub use stream::ResponseStream;
 pub use worker::{ResponseSender, StreamContext, WorkerPlane};

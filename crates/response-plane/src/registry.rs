@@ -1,6 +1,6 @@
 //! The frontend's pending registrations: each waits for its stream's first record.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -12,6 +12,10 @@ use crate::ResponseError;
 /// How long a removed worker instance stays tombstoned: a registration racing its removal
 /// fails at once instead of waiting for a stream that will never come.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(5);
+
+/// Most removed worker instances remembered at once. Past it the oldest tombstone goes first
+/// (it is the next to expire anyway): a burst of removals cannot grow the frontend.
+pub const MAX_TOMBSTONES: usize = 1 << 16;
 
 /// Most registrations pending at once; more are refused with [`ResponseError::Overloaded`].
 pub const MAX_PENDING: usize = 1 << 20;
@@ -44,7 +48,7 @@ struct Inner {
     free: Vec<u32>,
     pending: usize,
     by_worker: HashMap<u64, HashSet<u64>>,
-    tombstones: HashMap<u64, Instant>,
+    tombstones: Tombstones,
     closed: bool,
     /// Generation new slots start at, so slots created after a shrink never repeat a ticket.
     floor: u32,
@@ -80,7 +84,7 @@ impl Registry {
                 free: Vec::new(),
                 pending: 0,
                 by_worker: HashMap::new(),
-                tombstones: HashMap::new(),
+                tombstones: Tombstones::default(),
                 closed: false,
                 floor: 0,
             }),
@@ -160,17 +164,15 @@ impl Registry {
         }
     }
 
-    /// Ties `ticket` to the worker instance its request went to.
+    /// Ties `ticket` to the worker instance its request went to, untying it from the one
+    /// it was tied to before (a retry on another worker).
     pub(crate) fn associate(&self, ticket: u64, worker: u64) -> Result<(), ResponseError> {
         let mut g = self.lock();
-        let now = Instant::now();
-        if let Some(until) = g.tombstones.get(&worker).copied() {
-            if now < until {
-                return Err(ResponseError::Disconnected {
-                    reason: format!("worker instance {worker} was removed from discovery"),
-                });
-            }
-            g.tombstones.remove(&worker);
+        g.tombstones.prune(Instant::now());
+        if g.tombstones.contains(worker) {
+            return Err(ResponseError::Disconnected {
+                reason: format!("worker instance {worker} was removed from discovery"),
+            });
         }
         let (index, generation) = split(ticket);
         let Some(reg) = g
@@ -181,7 +183,10 @@ impl Registry {
         else {
             return Ok(()); // already arrived or gone: nothing to end later
         };
-        reg.worker = Some(worker);
+        let before = reg.worker.replace(worker);
+        if let Some(old) = before.filter(|&old| old != worker) {
+            g.unlink(old, ticket);
+        }
         g.by_worker.entry(worker).or_default().insert(ticket);
         Ok(())
     }
@@ -190,7 +195,7 @@ impl Registry {
     pub(crate) fn cancel_worker(&self, worker: u64) -> usize {
         let mut g = self.lock();
         let now = Instant::now();
-        g.tombstones.retain(|_, until| *until > now);
+        g.tombstones.prune(now);
         g.tombstones.insert(worker, now + TOMBSTONE_TTL);
         let tickets = g.by_worker.remove(&worker).unwrap_or_default();
         let mut ended = 0;
@@ -237,13 +242,8 @@ impl Inner {
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(u32::try_from(index).ok()?);
         self.pending -= 1;
-        if let Some(w) = reg.worker
-            && let Some(set) = self.by_worker.get_mut(&w)
-        {
-            set.remove(&t);
-            if set.is_empty() {
-                self.by_worker.remove(&w);
-            }
+        if let Some(w) = reg.worker {
+            self.unlink(w, t);
         }
         if self.pending == 0 && self.slots.len() > 1024 {
             // Everything drained: give the memory of a past burst back.
@@ -254,5 +254,151 @@ impl Inner {
             self.free.shrink_to_fit();
         }
         Some(reg)
+    }
+
+    /// Removes `ticket` from `worker`'s set, and the set once empty.
+    fn unlink(&mut self, worker: u64, ticket: u64) {
+        if let Some(set) = self.by_worker.get_mut(&worker) {
+            set.remove(&ticket);
+            if set.is_empty() {
+                self.by_worker.remove(&worker);
+            }
+        }
+    }
+}
+
+/// Removed worker instances until their tombstone expires, kept in expiry order: a request
+/// prunes only what expired, from the front, never rescanning the live ones (Dynamo's
+/// registries rescan every record on every request, its issue #16340).
+#[derive(Default)]
+struct Tombstones {
+    /// `(expiry, worker)`, oldest first. The TTL is fixed and time only moves on, so pushing
+    /// at the back keeps the order. A worker removed twice has two entries; the later wins.
+    order: VecDeque<(Instant, u64)>,
+    /// Each tombstoned worker's latest expiry.
+    until: HashMap<u64, Instant>,
+}
+
+impl Tombstones {
+    /// Forgets every tombstone expired at `now`.
+    fn prune(&mut self, now: Instant) {
+        while let Some(&(at, _)) = self.order.front()
+            && at <= now
+        {
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((at, worker)) = self.order.pop_front()
+            && self.until.get(&worker) == Some(&at)
+        {
+            self.until.remove(&worker);
+        }
+    }
+
+    /// Tombstones `worker` until `at`, dropping the oldest tombstone at the limit.
+    fn insert(&mut self, worker: u64, at: Instant) {
+        if self.order.len() >= MAX_TOMBSTONES {
+            self.pop_front();
+        }
+        self.order.push_back((at, worker));
+        self.until.insert(worker, at);
+    }
+
+    /// Whether `worker` is tombstoned (call [`prune`](Self::prune) first).
+    fn contains(&self, worker: u64) -> bool {
+        self.until.contains_key(&worker)
+    }
+
+    /// Workers tombstoned.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.until.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `rx` holds the `Disconnected` that ends a registration of a removed worker.
+    fn ended(rx: &mut oneshot::Receiver<Arrival>) -> bool {
+        matches!(
+            rx.try_recv(),
+            Ok(Arrival::Failed(ResponseError::Disconnected { .. }))
+        )
+    }
+
+    #[test]
+    fn re_association_moves_the_registration_to_the_new_worker() {
+        let r = Registry::new();
+        let (t, _token, mut rx) = r.register().unwrap();
+        r.associate(t, 1).unwrap();
+        r.associate(t, 2).unwrap();
+        assert_eq!(r.cancel_worker(1), 0, "the old worker no longer serves it");
+        assert!(!ended(&mut rx));
+        assert_eq!(r.pending(), 1);
+        assert!(
+            !r.lock().by_worker.contains_key(&1),
+            "no entry is left behind"
+        );
+        assert_eq!(r.cancel_worker(2), 1);
+        assert!(ended(&mut rx));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tombstone_fails_associations_until_its_ttl_passes() {
+        let r = Registry::new();
+        r.cancel_worker(7);
+        let (t, _token, _rx) = r.register().unwrap();
+        assert!(r.associate(t, 7).is_err());
+        tokio::time::advance(TOMBSTONE_TTL - Duration::from_millis(1)).await;
+        assert!(r.associate(t, 7).is_err());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        r.associate(t, 7).unwrap();
+        assert_eq!(r.lock().tombstones.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_tombstones_are_pruned_and_live_ones_kept() {
+        let r = Registry::new();
+        r.cancel_worker(1);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        r.cancel_worker(2);
+        tokio::time::advance(TOMBSTONE_TTL - Duration::from_secs(1)).await;
+        // Worker 1's tombstone expired, worker 2's has a second left.
+        let (t, _token, _rx) = r.register().unwrap();
+        r.associate(t, 3).unwrap();
+        assert_eq!(r.lock().tombstones.len(), 1);
+        assert!(r.associate(t, 2).is_err());
+        r.associate(t, 1).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_removed_again_stays_tombstoned_for_the_later_ttl() {
+        let r = Registry::new();
+        r.cancel_worker(1);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        r.cancel_worker(1);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // The first removal expired; the second has 2 s left.
+        let (t, _token, _rx) = r.register().unwrap();
+        assert!(r.associate(t, 1).is_err());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        r.associate(t, 1).unwrap();
+        assert_eq!(r.lock().tombstones.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tombstones_are_capped_oldest_first() {
+        let r = Registry::new();
+        let n = u64::try_from(MAX_TOMBSTONES).unwrap();
+        for worker in 0..=n {
+            r.cancel_worker(worker);
+        }
+        let g = r.lock();
+        assert_eq!(g.tombstones.len(), MAX_TOMBSTONES);
+        assert!(!g.tombstones.contains(0) && g.tombstones.contains(n));
     }
 }

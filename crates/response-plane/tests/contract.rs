@@ -658,6 +658,22 @@ async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(p
     drop(p3);
 }
 
+async fn a_re_associated_stream_ends_only_with_its_latest_worker_instance(plane: Under) {
+    let s = setup(plane).await;
+    let (_info, pending) = register(&s);
+    // The request went to instance 1, then was retried on instance 2.
+    pending.associate(1).unwrap();
+    pending.associate(2).unwrap();
+    assert_eq!(s.frontend.cancel_instance_streams(1), 0);
+    assert_eq!(s.frontend.pending(), 1);
+    assert_eq!(s.frontend.cancel_instance_streams(2), 1);
+    let err = within("ended", pending.established()).await.unwrap_err();
+    assert!(
+        matches!(&err, ResponseError::Disconnected { reason } if reason.contains("instance 2")),
+        "{err}"
+    );
+}
+
 macro_rules! contract {
     ($($plane_mod:ident => $plane:expr),*) => {$(
         mod $plane_mod {
@@ -679,7 +695,8 @@ macro_rules! contract {
                 an_establish_timeout_bounds_the_wait_and_frees_the_registration,
                 dropping_a_pending_handle_removes_all_state,
                 registrations_after_shutdown_fail_cleanly,
-                removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it
+                removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it,
+                a_re_associated_stream_ends_only_with_its_latest_worker_instance
             );
         }
     )*};
