@@ -93,6 +93,11 @@ pub enum OpenError {
         /// Largest allowed.
         max: u32,
     },
+    /// Backpressure: the prologue is large and every lane's buffer is full; retry after
+    /// [`MuxEvent::LaneWritable`](crate::MuxEvent::LaneWritable). (Prologues under
+    /// [`CHAIN_THRESHOLD`](crate::CHAIN_THRESHOLD) bytes are always taken.)
+    #[error("every lane's buffer is full")]
+    LaneFull,
     /// Caller's fault: only a worker opens streams.
     #[error("only the worker side opens streams")]
     WrongSide,

@@ -37,7 +37,11 @@
 //! |---|---|---|
 //! | streams per connection | `max_streams` (65,536) | worker: [`OpenError::TooManyStreams`]; frontend: the OPEN is refused with CANCEL |
 //! | items buffered per stream (frontend) | `window` (32) + the last item | the worker is out of credit and waits; more is a protocol violation of that stream |
-//! | bytes queued per lane (worker) | `max_buffered_bytes` (4 MiB) | sends wait ([`Blocked::Lane`]); small FINAL and ERROR records are always taken |
+//! | bytes queued per lane (both sides) | `max_buffered_bytes` (4 MiB) | sends and large OPENs wait ([`Blocked::Lane`], [`OpenError::LaneFull`]); records under [`CHAIN_THRESHOLD`] that end or open a stream are always taken (at most one of each per stream); the driver stops reading input ([`Mux::wants_input`]), which could queue refusals |
+//! | a write in progress | `idle_timeout` (10 s) | the lane closes ([`LaneError::WriteStalled`]) |
+//! | silence from the peer | `idle_timeout` (10 s) | the lane closes ([`LaneError::IdleTimeout`]) |
+//! | peer's heartbeat demand | a HELLO's idle timeout within 100 ms..=1 h | the lane is refused ([`handshake::HandshakeError::IdleTimeout`]) |
+//! | frontend slot table per lane | 1 KiB page per 64 worker slots in use, plus 8 B per page up to the highest | pages are freed with their last stream |
 //! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
 //! | batch size | [`FlushPolicy`] (64 KiB, 1,024 records) | the batch is sealed and a new one starts |
 //! | events | one pending event of each kind per stream | - |

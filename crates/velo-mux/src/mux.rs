@@ -163,6 +163,23 @@ impl Mux {
             .map_or(0, |l| l.wire.heap_bytes())
     }
 
+    /// Whether the driver should read more input for `lane`: not while the bytes queued for
+    /// the peer on it are at [`MuxConfig::max_buffered_bytes`] (input can queue more: refused
+    /// OPENs, violations). A driver that gets `false` stops reading until
+    /// [`MuxEvent::LaneWritable`] (the peer read enough) or the lane closes, so a peer that
+    /// sends without reading cannot grow this side's queue.
+    pub fn wants_input(&mut self, lane: LaneId) -> bool {
+        let max = self.config.max_buffered_bytes;
+        let Some(l) = self.lanes.get_mut(usize::from(lane.0)) else {
+            return true;
+        };
+        if l.state != LaneState::Up || l.tx.buffered() < max {
+            return true;
+        }
+        l.blocked = true;
+        false
+    }
+
     /// Whether any lane is up.
     pub fn is_connected(&self) -> bool {
         self.lanes.iter().any(|l| l.state == LaneState::Up)

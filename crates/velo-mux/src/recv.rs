@@ -206,9 +206,12 @@ impl Mux {
             );
             self.stats.grants_sent += 1;
         }
-        // Keep the allocation for next time.
+        // Keep the allocation for next time, unless a past burst left it much too big.
         let mut list = list;
         list.clear();
+        if list.capacity() > GRANT_LIST_KEEP {
+            list.shrink_to(GRANT_LIST_KEEP);
+        }
         if self.lanes[i].grant_list.is_empty() {
             self.lanes[i].grant_list = list;
         }
@@ -221,3 +224,7 @@ impl Mux {
             .is_some_and(|s| s.state == State::Stopping)
     }
 }
+
+/// Entries of a lane's grant list kept allocated between batches (a list longer than this
+/// came from a burst of streams and is given back).
+const GRANT_LIST_KEEP: usize = 1024;

@@ -13,6 +13,15 @@ use crate::state::{Event, State};
 use crate::stream::{Half, SendHalf, Stream};
 use crate::{Blocked, LaneId, Mux, OpenError, SendError, Side, StreamEnd, StreamKey};
 
+/// Where a new stream goes.
+enum Placement {
+    Lane(LaneId),
+    /// No lane is up.
+    NoLane,
+    /// Lanes are up but every one is full (large OPENs only).
+    Full,
+}
+
 /// Error code sent in an ERROR record when a worker releases a stream it never finished
 /// (the application dropped its sender): the frontend sees an abnormal end.
 pub const RESET_DROPPED: u32 = u32::MAX;
@@ -37,7 +46,15 @@ impl Mux {
         if let Some(code) = self.peer_goaway {
             return Err(OpenError::GoingAway(code));
         }
-        let lane = self.least_loaded_lane().ok_or(OpenError::NoLane)?;
+        let small = prologue.len() < CHAIN_THRESHOLD;
+        let lane = match self.least_loaded_lane(small) {
+            Placement::Lane(lane) => lane,
+            Placement::NoLane => return Err(OpenError::NoLane),
+            Placement::Full => {
+                self.stats.lane_stalls += 1;
+                return Err(OpenError::LaneFull);
+            }
+        };
         let i = usize::from(lane.0);
         let max = self.record_cap(i);
         let prologue_len = u32::try_from(prologue.len())
@@ -251,13 +268,31 @@ impl Mux {
         }
     }
 
-    fn least_loaded_lane(&self) -> Option<LaneId> {
-        self.lanes
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.state == LaneState::Up)
-            .min_by_key(|(i, l)| (l.streams, *i))
-            .map(|(i, _)| lane_id(i))
+    /// The up lane with the fewest streams; for a large OPEN (`small` false), the least
+    /// loaded one with room in its buffer, marking full lanes so they report
+    /// `LaneWritable` once they drain.
+    fn least_loaded_lane(&mut self, small: bool) -> Placement {
+        let max = self.config.max_buffered_bytes;
+        let mut any_up = false;
+        let mut best: Option<(u32, usize)> = None;
+        for (i, l) in self.lanes.iter_mut().enumerate() {
+            if l.state != LaneState::Up {
+                continue;
+            }
+            any_up = true;
+            if !small && l.tx.buffered() >= max {
+                l.blocked = true;
+                continue;
+            }
+            if best.is_none_or(|(streams, _)| l.streams < streams) {
+                best = Some((l.streams, i));
+            }
+        }
+        match best {
+            Some((_, i)) => Placement::Lane(lane_id(i)),
+            None if any_up => Placement::Full,
+            None => Placement::NoLane,
+        }
     }
 
     /// Checks that `key` may send a record of `kind` with a payload of `len` bytes now;

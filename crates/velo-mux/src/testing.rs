@@ -289,6 +289,8 @@ impl Pair {
             if let Some(frame) = held.take() {
                 let lane = LaneId(u16::try_from(i).expect("<= 64 lanes"));
                 mux.handle_transmitted(self.now, lane);
+                // The write completed: a driver's writer loops back at once.
+                self.armed[dir as usize][i] = Some(self.now);
                 let q = &mut self.wire[dir as usize][i];
                 let at = q.back().map_or(self.now + self.latency, |(t, _)| {
                     (*t).max(self.now + self.latency)

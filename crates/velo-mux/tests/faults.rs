@@ -564,3 +564,42 @@ fn a_record_after_a_streams_final_is_reported_as_a_violation_not_dropped() {
         "siblings are spared"
     );
 }
+
+#[test]
+fn a_large_prologue_waits_for_room_in_a_full_lane_like_any_large_record() {
+    let (w, _) = configs(|b| b.lanes(1).max_buffered_bytes(64 * 1024));
+    let f = MuxConfig::builder(Side::Frontend)
+        .lanes(1)
+        .window(60_000)
+        .build()
+        .unwrap();
+    let mut pair = Pair::new((w, f));
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    // The frontend stops reading: the worker's lane fills up.
+    pair.stall_writes(Side::Worker, true);
+    let item = vec![0; 1000];
+    let blocked = loop {
+        match pair.worker.send(pair.now, s, &item) {
+            Ok(()) => pair.step_now(),
+            Err(e) => break e,
+        };
+    };
+    assert_eq!(blocked, SendError::WouldBlock(velo_mux::Blocked::Lane));
+    let big = vec![b' '; 2048];
+    assert_eq!(
+        pair.worker.open(pair.now, 2, &Token([0; 16]), &big),
+        Err(OpenError::LaneFull)
+    );
+    // A small OPEN is always taken (like a small FINAL: at most one per stream).
+    assert!(
+        pair.worker
+            .open(pair.now, 3, &Token([0; 16]), PROLOGUE)
+            .is_ok()
+    );
+    // Once the peer reads again, the large one goes through.
+    pair.stall_writes(Side::Worker, false);
+    pair.drive();
+    let r = pair.worker.open(pair.now, 4, &Token([0; 16]), &big);
+    assert!(r.is_ok(), "{r:?}");
+}

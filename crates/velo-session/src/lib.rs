@@ -40,7 +40,7 @@ pub use recv::{IncomingStream, RecvStream};
 pub use send::{SendStream, StreamWatch};
 pub use worker::{
     Backoff, Connector, DEFAULT_PREPARE_TIMEOUT, DEFAULT_READ_BUFFER, OpenStreamError,
-    WorkerEndpoint, WorkerSettings, open_on,
+    WorkerEndpoint, WorkerSettings, open_on, open_when_room,
 };
 
 /// A fresh random instance id (never zero).

@@ -171,6 +171,14 @@ impl Peer {
         self.lock().mux.stats()
     }
 
+    /// Bytes queued for the peer on every lane and not yet handed to the transport.
+    pub fn buffered_bytes(&self) -> usize {
+        let st = self.lock();
+        (0..st.mux.config().lanes())
+            .map(|i| st.mux.lane_buffered(LaneId(i)))
+            .sum()
+    }
+
     /// Live streams on each lane (placement is least-loaded).
     pub fn lane_streams(&self) -> Vec<u32> {
         let st = self.lock();

@@ -6,6 +6,7 @@
 //! the writer (it gets [`CLOSE_GRACE`] to finish its write and send a CLOSE frame, then gives
 //! up); the writer's end cancels the lane's token, which stops the reader.
 
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -32,10 +33,13 @@ pub(crate) async fn run_reader(
         if buf.capacity() - buf.len() < read_buffer / 4 {
             buf.reserve(read_buffer);
         }
-        // Cancel safety: `LaneRead::read` loses no bytes when dropped, and the token only
-        // fires when the lane is being torn down anyway.
+        // Cancel safety: `LaneRead::read` loses no bytes when dropped, waiting for room loses
+        // nothing, and the token only fires when the lane is being torn down anyway.
         let result = tokio::select! {
-            r = read.read(&mut buf) => r,
+            r = async {
+                room_for_input(&peer, lane).await;
+                read.read(&mut buf).await
+            } => r,
             () = token.cancelled() => break,
         };
         match result {
@@ -59,6 +63,22 @@ pub(crate) async fn run_reader(
         }
     }
     peer.pump_ended();
+}
+
+/// Waits while the bytes queued for the peer on `lane` are at their limit: input could
+/// queue more (refusals, violations), and a peer that does not read must not grow them.
+async fn room_for_input(peer: &Peer, lane: LaneId) {
+    std::future::poll_fn(|cx| {
+        peer.with(|st, _| {
+            if st.mux.wants_input(lane) {
+                Poll::Ready(())
+            } else {
+                Peer::register_lane(st, lane, cx.waker());
+                Poll::Pending
+            }
+        })
+    })
+    .await;
 }
 
 /// Writes the mux's batches for `lane`, runs its timers (flush deadline, heartbeat, idle and

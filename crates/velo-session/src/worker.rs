@@ -191,7 +191,9 @@ impl WorkerEndpoint {
             .peer(addr, instance)
             .await
             .map_err(OpenStreamError::Connect)?;
-        open_on(&peer, ticket, token, prologue).map_err(OpenStreamError::Stream)
+        open_when_room(&peer, ticket, token, prologue)
+            .await
+            .map_err(OpenStreamError::Stream)
     }
 
     /// Flushes every connection's open batches now.
@@ -398,7 +400,8 @@ pub enum OpenStreamError {
 /// # Errors
 ///
 /// [`StreamError::Open`] when the mux refuses (no lane up, stream limit, peer going away,
-/// prologue too large).
+/// prologue too large, or a large prologue while every lane is full: see
+/// [`open_when_room`]).
 pub fn open_on(
     peer: &Peer,
     ticket: u64,
@@ -406,6 +409,33 @@ pub fn open_on(
     prologue: &[u8],
 ) -> Result<SendStream, StreamError> {
     let key = peer.with(|st, now| st.mux.open(now, ticket, token, prologue))?;
+    Ok(SendStream::new(peer.clone(), key))
+}
+
+/// Opens a stream on an existing connection like [`open_on`], waiting while a large
+/// prologue finds every lane's buffer full (the peer is not reading) instead of failing.
+///
+/// # Errors
+///
+/// As [`open_on`], except [`OpenError::LaneFull`](velo_mux::OpenError::LaneFull).
+pub async fn open_when_room(
+    peer: &Peer,
+    ticket: u64,
+    token: &Token,
+    prologue: &[u8],
+) -> Result<SendStream, StreamError> {
+    let key = std::future::poll_fn(|cx| {
+        peer.with(|st, now| match st.mux.open(now, ticket, token, prologue) {
+            Err(velo_mux::OpenError::LaneFull) => {
+                for i in 0..st.mux.config().lanes() {
+                    Peer::register_lane(st, LaneId(i), cx.waker());
+                }
+                std::task::Poll::Pending
+            }
+            r => std::task::Poll::Ready(r),
+        })
+    })
+    .await?;
     Ok(SendStream::new(peer.clone(), key))
 }
 

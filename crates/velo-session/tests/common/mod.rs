@@ -460,3 +460,22 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
     })
     .await;
 }
+
+/// A lane from a hand-driven "worker" to `frontend`: the handshake is done, and the test
+/// holds the worker's end of the pipe to write whatever bytes it likes (and to read, or not).
+pub fn raw_lane(frontend: &FrontendEndpoint) -> (DuplexStream, LaneHandle) {
+    let hello = worker_config(|b| b.lanes(1)).hello(
+        0,
+        velo_session::new_instance_id(),
+        frontend.instance(),
+    );
+    frontend
+        .answer(&hello)
+        .expect("the frontend takes the lane");
+    let (worker_end, frontend_end) = tokio::io::duplex(PIPE_BYTES);
+    let handle = LaneHandle::new();
+    frontend
+        .attach_lane(&hello, lane_io(frontend_end, &handle, End::Frontend))
+        .expect("the lane attaches");
+    (worker_end, handle)
+}
