@@ -19,13 +19,34 @@ use crate::{
     prologue,
 };
 
+/// How long a registration waits for its prologue unless told otherwise: 60 s.
+///
+/// A worker sends the prologue as soon as its engine accepts (or refuses) the request, long
+/// before generation, so a healthy worker answers within its admission queue plus one
+/// connection setup (the classic plane's connect timeout is 3 s). A minute covers a deep
+/// queue many times over, while a request lost on its way, or a worker that vanished without
+/// a trace before answering, no longer holds its pending handle (and the caller) for ever.
+pub const DEFAULT_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Options of one registration.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegisterOptions {
     /// How the worker must encode items (the request's codec).
     pub codec: Codec,
-    /// Fail with `ResponseTimeout` if no prologue arrives within this time.
+    /// Fail with `ResponseTimeout` if no prologue arrives within this time;
+    /// [`DEFAULT_ESTABLISH_TIMEOUT`] by default. `None` waits as long as it takes (a worker
+    /// that dropped the request still ends the wait, with `Disconnected`; one that vanished
+    /// without a trace does not).
     pub establish_timeout: Option<Duration>,
+}
+
+impl Default for RegisterOptions {
+    fn default() -> Self {
+        Self {
+            codec: Codec::default(),
+            establish_timeout: Some(DEFAULT_ESTABLISH_TIMEOUT),
+        }
+    }
 }
 
 /// A frontend's response plane: hands out stream addresses and receives the streams.
@@ -337,7 +358,8 @@ impl<T: DeserializeOwned> PendingResponse<T> {
     /// # Errors
     ///
     /// `CannotConnect` (error prologue, with the worker's typed cause), `Disconnected`
-    /// (worker gone first, or its instance removed), `ResponseTimeout`, `Closed`.
+    /// (worker gone first, its sender dropped before the prologue, or its instance removed),
+    /// `ResponseTimeout`, `Closed`.
     pub async fn established(mut self) -> Result<ResponseStream<T>, ResponseError> {
         let r = self.wait().await;
         let counter = if r.is_ok() {
@@ -398,5 +420,17 @@ impl std::fmt::Debug for FrontendPlane {
             .field("plane", &self.inner.config.plane)
             .field("address", &self.inner.advertise)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_waits_a_bounded_time_by_default() {
+        let opts = RegisterOptions::default();
+        assert!(opts.establish_timeout.is_some(), "{opts:?}");
+        assert_eq!(opts.establish_timeout, Some(DEFAULT_ESTABLISH_TIMEOUT));
     }
 }

@@ -7,6 +7,12 @@
 //! prologue into a [`ResponseStream`] of typed items, with [`ResponseStream::stop`]
 //! (graceful) and [`ResponseStream::kill`]; the worker's [`StreamContext`] sees them.
 //!
+//! Every pending handle ends: on the prologue, on the worker's loss (a sender dropped before
+//! its prologue ends it `Disconnected`, retryable, on both planes: the classic plane's
+//! connection closes, the velo plane sends an OPEN with an empty prologue and resets it), on
+//! the worker instance's removal, or after [`RegisterOptions::establish_timeout`]
+//! ([`DEFAULT_ESTABLISH_TIMEOUT`] unless set).
+//!
 //! Two planes implement the same contract, chosen once per process by
 //! [`ResponsePlaneConfig::from_env`] (`DYN_RESPONSE_PLANE`):
 //!
@@ -71,7 +77,7 @@ pub use config::{
     ResponsePlaneConfig, VeloTransport,
 };
 pub use error::{ResponseError, TypedError};
-pub use frontend::{FrontendPlane, PendingResponse, RegisterOptions};
+pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;
 pub use registry::{MAX_PENDING, MAX_TOMBSTONES, TOMBSTONE_TTL};
 pub use stats::{BATCH_RECORDS_BUCKETS, FLUSH_REASONS, PlaneStats};

@@ -11,6 +11,12 @@ struct Wire {
     typed_error: Option<TypedError>,
 }
 
+/// The prologue of a stream its worker abandoned before answering: empty (a real prologue is
+/// never empty). A velo worker whose sender is dropped before its prologue opens the stream
+/// with it and resets the stream at once, so the frontend's pending handle ends
+/// `Disconnected` (retryable) instead of waiting; see `docs/protocol.md`, OPEN.
+pub(crate) const ABANDONED: &[u8] = b"";
+
 /// The JSON bytes of a prologue: `{"error":null}` or `{"error":"msg","typed_error":{...}}`.
 pub(crate) fn encode(result: &Result<(), TypedError>) -> Vec<u8> {
     let wire = match result {
@@ -26,8 +32,15 @@ pub(crate) fn encode(result: &Result<(), TypedError>) -> Vec<u8> {
     serde_json::to_vec(&wire).expect("a prologue always serializes")
 }
 
-/// Parses a prologue: `Ok(())` for success, the worker's refusal as `CannotConnect`.
+/// Parses a prologue: `Ok(())` for success, the worker's refusal as `CannotConnect`, an
+/// [`ABANDONED`] stream as `Disconnected` (the request never reached the engine's answer, so
+/// another worker may take it).
 pub(crate) fn decode(bytes: &[u8]) -> Result<(), ResponseError> {
+    if bytes == ABANDONED {
+        return Err(ResponseError::Disconnected {
+            reason: "the worker gave up the request before its prologue".into(),
+        });
+    }
     let wire: Wire = serde_json::from_slice(bytes).map_err(|e| ResponseError::Protocol {
         reason: format!("invalid prologue JSON: {e}"),
     })?;
@@ -59,6 +72,18 @@ mod tests {
             r#"{"error":"EngineRefused: queue full","typed_error":{"kind":"EngineRefused","message":"queue full","retryable":false}}"#
         );
         assert_eq!(decode(&bytes), Err(ResponseError::CannotConnect { cause }));
+    }
+
+    #[test]
+    fn an_empty_prologue_is_a_retryable_disconnect_never_a_refusal() {
+        let err = decode(ABANDONED).unwrap_err();
+        assert_eq!(
+            err,
+            ResponseError::Disconnected {
+                reason: "the worker gave up the request before its prologue".into()
+            }
+        );
+        assert!(err.is_retryable() && !err.is_remote());
     }
 
     #[test]

@@ -312,6 +312,8 @@ enum VeloWorker<'a> {
 /// Call [`send_prologue`](Self::send_prologue) exactly once, first; then
 /// [`send`](Self::send) items and [`finish`](Self::finish). Dropping it without finishing
 /// ends the stream abnormally for the frontend ("stream ended before generation completed").
+/// Dropping it before the prologue ends the frontend's pending handle with `Disconnected`
+/// (retryable: the request never got an answer), on either plane.
 pub struct ResponseSender<T> {
     kind: Kind,
     codec: Codec,
@@ -449,6 +451,28 @@ impl<T: Serialize> ResponseSender<T> {
     /// The stream's cancellation signals, for the engine.
     pub fn context(&self) -> StreamContext {
         self.context.clone()
+    }
+}
+
+impl<T> Drop for ResponseSender<T> {
+    fn drop(&mut self) {
+        // Velo, before the prologue: nothing reached the frontend yet, so say the stream is
+        // abandoned (an OPEN with an empty prologue) and reset it at once (dropping the
+        // stream sends ERROR `RESET_DROPPED`). The classic plane needs nothing: dropping
+        // the connection ends the frontend's wait.
+        if let Kind::VeloReady {
+            peer,
+            ticket,
+            token,
+        } = &self.kind
+        {
+            let token = velo_wire::Token(*token);
+            match velo_session::open_on(peer, *ticket, &token, prologue::ABANDONED) {
+                Ok(stream) => drop(stream),
+                // The connection is gone or going away: the establish timeout ends the wait.
+                Err(e) => tracing::debug!(error = %e, "cannot report an abandoned stream"),
+            }
+        }
     }
 }
 

@@ -590,6 +590,27 @@ async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Under) {
     assert_eq!(worker.stats().stream_setup_failures, 1);
 }
 
+async fn a_sender_dropped_before_its_prologue_ends_the_pending_disconnected(plane: Under) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    // The engine gave up (or the handler panicked) before accepting the request.
+    drop(tx);
+    s.worker.flush();
+    let err = within("established", pending.established())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ResponseError::Disconnected { .. }), "{err}");
+    assert!(err.is_retryable() && !err.is_remote());
+    if plane.plane == Plane::Velo {
+        let reason = "the worker gave up the request before its prologue";
+        assert_eq!(err.to_string(), format!("disconnected: {reason}"));
+    }
+    assert_eq!(s.frontend.pending(), 0);
+}
+
 async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: Under) {
     let s = setup(plane).await;
     let after = Duration::from_millis(200);
@@ -696,7 +717,8 @@ macro_rules! contract {
                 dropping_a_pending_handle_removes_all_state,
                 registrations_after_shutdown_fail_cleanly,
                 removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it,
-                a_re_associated_stream_ends_only_with_its_latest_worker_instance
+                a_re_associated_stream_ends_only_with_its_latest_worker_instance,
+                a_sender_dropped_before_its_prologue_ends_the_pending_disconnected
             );
         }
     )*};
