@@ -42,6 +42,7 @@
 //! | silence from the peer | `idle_timeout` (10 s) | the lane closes ([`LaneError::IdleTimeout`]) |
 //! | peer's heartbeat demand | a HELLO's idle timeout within 100 ms..=1 h | the lane is refused ([`handshake::HandshakeError::IdleTimeout`]) |
 //! | frontend slot table per lane | 1 KiB page per 64 worker slots in use, plus 8 B per page up to the highest | pages are freed with their last stream |
+//! | bytes a queued item keeps alive (frontend) | items under [`COPY_BELOW`] (16 KiB) are copied out of the receive buffer; larger ones pin at most 4 times their size | a consumer that stops reading costs its items' bytes, not the buffers they arrived in |
 //! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
 //! | batch size | [`FlushPolicy`] (64 KiB, 1,024 records) | the batch is sealed and a new one starts |
 //! | events | one pending event of each kind per stream | - |
@@ -89,6 +90,7 @@ pub use config::{
 pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError};
 pub use event::MuxEvent;
 pub use flush::{FlushPolicy, FlushReason};
+pub use input::COPY_BELOW;
 pub use lane::{LaneId, LaneState};
 pub use mux::{CHAIN_THRESHOLD, LaneSet, MAX_TRANSMIT_CHUNKS, Mux, Transmit};
 pub use recv::Recv;
