@@ -91,7 +91,13 @@ pub struct ResponsePlaneConfig {
     pub lanes: u16,
     /// Credit window per stream, in items (velo).
     pub window: u32,
-    /// Silence after which a lane is declared dead (velo).
+    /// The liveness bound, on both planes (default 10 s, `velo_mux::DEFAULT_IDLE_TIMEOUT`).
+    /// A velo lane silent this long is declared dead (heartbeats keep live ones talking).
+    /// Every TCP socket of either plane gives up on a peer that vanished without a FIN or RST
+    /// within it: `TCP_USER_TIMEOUT` for unacknowledged data, keepalive probes from a third
+    /// of it on for idle connections (a live but quiet peer answers them and is never cut).
+    /// A classic worker whose stream ended waits at most this long for the frontend to close
+    /// the connection before it stops watching.
     pub idle_timeout: Duration,
     /// Flush a stream's prologue, first item and end at once, whatever the batching delay
     /// (velo; on by default): TTFT and completion never wait for a batch, the items in

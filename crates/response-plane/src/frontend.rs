@@ -95,10 +95,10 @@ impl FrontendPlane {
         };
         let (transport, local, instance) = match (config.plane, config.transport) {
             (Plane::Tcp, _) => {
-                let f =
-                    ClassicFrontend::bind(bind, registry.clone(), config.max_message_size, tracker)
-                        .await
-                        .map_err(bind_err)?;
+                let (max, liveness) = (config.max_message_size, config.idle_timeout);
+                let f = ClassicFrontend::bind(bind, registry.clone(), max, liveness, tracker)
+                    .await
+                    .map_err(bind_err)?;
                 let local = f.local_addr;
                 (
                     Transport::Classic(f),

@@ -20,6 +20,14 @@
 //! - `velo`: every stream between a worker process and a frontend multiplexed over a few
 //!   lanes, batched, under per-stream credit (velo-mux over velo-tcp, or velo-ucx).
 //!
+//! # Liveness
+//!
+//! Nothing waits for ever on a peer that vanished. [`ResponsePlaneConfig::idle_timeout`]
+//! (10 s by default) bounds every connection of both planes: velo lanes by heartbeats, and
+//! every TCP socket (velo lanes and classic connections alike) by `TCP_USER_TIMEOUT` and
+//! keepalive probes. [`WorkerPlane::close`] and [`WorkerPlane::abort`] end every stream and
+//! every task the plane spawned, classic ones included.
+//!
 //! # Layer contract
 //!
 //! No wire, mux or session type appears in this crate's public signatures; its one error is

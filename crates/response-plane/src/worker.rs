@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 use velo_session::{Peer, SendStream, StreamError, StreamWatch};
 
-use crate::classic::{ClassicControl, ClassicWriter};
+use crate::classic::{ClassicControl, ClassicDialer, ClassicWriter};
 use crate::info::{self, StreamAddress};
 use crate::stats::PlaneStats;
 use crate::{
@@ -33,7 +33,7 @@ struct Inner {
     velo_tcp: OnceLock<Result<velo_tcp::TcpWorker, StartError>>,
     #[cfg(feature = "ucx")]
     velo_ucx: OnceLock<Result<velo_ucx::UcxWorker, StartError>>,
-    classic_cancellations: Arc<AtomicU64>,
+    classic: ClassicDialer,
     setup_failures: AtomicU64,
     opened: AtomicU64,
 }
@@ -45,6 +45,11 @@ impl WorkerPlane {
     ///
     /// [`StartError`] when the configured transport cannot be set up in this build.
     pub fn new(config: ResponsePlaneConfig, tracker: TaskTracker) -> Result<Self, StartError> {
+        let classic = ClassicDialer::new(
+            config.max_message_size,
+            config.idle_timeout,
+            tracker.clone(),
+        );
         let plane = Self {
             inner: Arc::new(Inner {
                 config,
@@ -53,7 +58,7 @@ impl WorkerPlane {
                 velo_tcp: OnceLock::new(),
                 #[cfg(feature = "ucx")]
                 velo_ucx: OnceLock::new(),
-                classic_cancellations: Arc::new(AtomicU64::new(0)),
+                classic,
                 setup_failures: AtomicU64::new(0),
                 opened: AtomicU64::new(0),
             }),
@@ -108,13 +113,7 @@ impl WorkerPlane {
         let address = StreamAddress::parse(info)?;
         let mut sender = match transport {
             None => {
-                let w = ClassicWriter::connect(
-                    &address,
-                    self.inner.config.max_message_size,
-                    &self.inner.tracker,
-                    self.inner.classic_cancellations.clone(),
-                )
-                .await?;
+                let w = self.inner.classic.connect(&address).await?;
                 ResponseSender::new(Kind::Classic(w), address.codec)
             }
             Some(t) => {
@@ -245,7 +244,7 @@ impl WorkerPlane {
         let mut s = PlaneStats {
             streams_established: self.inner.opened.load(Ordering::Relaxed),
             stream_setup_failures: self.inner.setup_failures.load(Ordering::Relaxed),
-            cancellations: self.inner.classic_cancellations.load(Ordering::Relaxed),
+            cancellations: self.inner.classic.cancellations.load(Ordering::Relaxed),
             ..PlaneStats::default()
         };
         self.add_transport_stats(&mut s);
@@ -273,7 +272,10 @@ impl WorkerPlane {
     }
 
     /// Closes every connection (each lane sends CLOSE first); lane tasks end on their own.
+    /// Classic streams end at once: their engines see a kill, their connections close, and
+    /// their watcher tasks end. New streams fail afterwards.
     pub fn close(&self) {
+        self.inner.classic.stop();
         #[cfg(feature = "tcp")]
         if let Some(Ok(w)) = self.inner.velo_tcp.get() {
             w.endpoint().close();
@@ -284,8 +286,10 @@ impl WorkerPlane {
         }
     }
 
-    /// Stops every connection at once.
+    /// Stops every connection at once, classic streams' included (as in
+    /// [`close`](Self::close)), so every task on the tracker ends.
     pub fn abort(&self) {
+        self.inner.classic.stop();
         #[cfg(feature = "tcp")]
         if let Some(Ok(w)) = self.inner.velo_tcp.get() {
             w.endpoint().abort();

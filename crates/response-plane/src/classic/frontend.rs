@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
+use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
 use crate::{ResponseError, prologue};
 
@@ -42,10 +43,13 @@ pub(crate) struct ClassicFrontend {
 }
 
 impl ClassicFrontend {
+    /// Listens on `addr`; every accepted connection gives up on a vanished worker within
+    /// `liveness` (the plane's `idle_timeout`).
     pub(crate) async fn bind(
         addr: SocketAddr,
         registry: Arc<Registry>,
         max: u32,
+        liveness: Duration,
         tracker: TaskTracker,
     ) -> std::io::Result<Self> {
         let socket = if addr.is_ipv4() {
@@ -76,7 +80,7 @@ impl ClassicFrontend {
                 let (registry, refused, s2) = (registry.clone(), r.clone(), s.clone());
                 t.spawn(async move {
                     tokio::select! {
-                        () = handshake(stream, registry, max, refused) => {}
+                        () = handshake(stream, registry, max, liveness, refused) => {}
                         () = s2.cancelled() => {}
                     }
                 });
@@ -102,9 +106,16 @@ async fn handshake(
     mut stream: TcpStream,
     registry: Arc<Registry>,
     max: u32,
+    liveness: Duration,
     refused: Arc<AtomicU64>,
 ) {
     let _ = stream.set_nodelay(true);
+    if let Err(e) = set_liveness(&stream, liveness) {
+        // Without it a vanished worker would hold this stream for ever: refuse it.
+        tracing::debug!(error = %e, "cannot bound a classic connection's liveness");
+        refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     let mut buf = BytesMut::with_capacity(256);
     let read = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
@@ -266,5 +277,39 @@ impl ClassicReader {
             let _ = write.try_write(&frame::header(KILL, 0));
         }
         self.ended = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_sockets_give_up_on_a_vanished_worker_within_the_liveness_bound() {
+        let registry = Arc::new(Registry::new());
+        let bound = Duration::from_secs(9);
+        let (tracker, addr) = (TaskTracker::new(), "127.0.0.1:0".parse().unwrap());
+        let f = ClassicFrontend::bind(addr, registry.clone(), 1 << 20, bound, tracker)
+            .await
+            .unwrap();
+        let (ticket, token, rx) = registry.register().unwrap();
+        let mut worker = TcpStream::connect(f.local_addr).await.unwrap();
+        let hello =
+            serde_json::json!({ "stream": ticket, "token": crate::info::hex_token(&token) });
+        let hello = hello.to_string();
+        worker
+            .write_all(&frame::header(HANDSHAKE, hello.len()))
+            .await
+            .unwrap();
+        worker.write_all(hello.as_bytes()).await.unwrap();
+        let arrival = tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .unwrap()
+            .unwrap();
+        let Arrival::Classic(incoming) = arrival else {
+            panic!("expected the classic connection");
+        };
+        crate::classic::socket::assert_liveness(&incoming.stream, bound);
+        f.shutdown().await;
     }
 }

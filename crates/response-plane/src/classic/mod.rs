@@ -3,11 +3,14 @@
 //!
 //! It is the baseline every benchmark compares against, so it is built honestly: correct,
 //! `TCP_NODELAY` like the original, no batching, no pooling, nothing the classic design does
-//! not do.
+//! not do, except that nothing here waits for ever: every connection gives up on a vanished
+//! peer within the plane's liveness bound (`socket.rs`), and the worker's watcher tasks end
+//! when the plane closes or a while after their stream did.
 
 mod frame;
 mod frontend;
+mod socket;
 mod worker;
 
 pub(crate) use frontend::{ClassicFrontend, ClassicReader, Incoming};
-pub(crate) use worker::{ClassicControl, ClassicWriter};
+pub(crate) use worker::{ClassicControl, ClassicDialer, ClassicWriter};

@@ -9,9 +9,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
+use super::socket::set_liveness;
 use crate::ResponseError;
 use crate::info::{StreamAddress, hex_token};
 
@@ -27,7 +29,12 @@ const KILLED: u8 = 2;
 pub(crate) struct ClassicControl {
     state: AtomicU8,
     changed: Notify,
+    /// The worker's side is over (finished, or its writer dropped): a kill from now on is
+    /// not a cancellation of work.
     finished: AtomicBool,
+    /// Cancelled when the writer is dropped: the watcher gives the frontend a bounded time
+    /// to close, then stops.
+    writer_gone: CancellationToken,
 }
 
 impl ClassicControl {
@@ -61,6 +68,15 @@ impl ClassicControl {
         self.wait(KILLED).await;
     }
 
+    /// Ends the watch from this side (the plane closed, or the stream is over): waiters see
+    /// a kill, and no cancellation is counted.
+    fn end(&self) {
+        self.finished.store(true, Ordering::Release);
+        if self.state.swap(KILLED, Ordering::AcqRel) != KILLED {
+            self.changed.notify_waiters();
+        }
+    }
+
     fn raise(&self, to: u8, cancellations: &AtomicU64) {
         let before = self.state.fetch_max(to, Ordering::AcqRel);
         if before < to {
@@ -69,6 +85,81 @@ impl ClassicControl {
             }
             self.changed.notify_waiters();
         }
+    }
+}
+
+/// What every classic stream of one worker plane shares: how to dial, where the watchers
+/// run, and the signal that ends them all.
+pub(crate) struct ClassicDialer {
+    /// Largest message, in bytes.
+    max: u32,
+    /// The liveness bound of each connection (the plane's `idle_timeout`), also how long a
+    /// finished stream's watcher waits for the frontend to close.
+    liveness: Duration,
+    /// Where the watcher tasks run.
+    tracker: TaskTracker,
+    /// Frontend cancellations of streams still running.
+    pub(crate) cancellations: Arc<AtomicU64>,
+    /// Cancelled by `close` and `abort`: every watcher ends, every connection is shut.
+    stop: CancellationToken,
+}
+
+impl ClassicDialer {
+    pub(crate) fn new(max: u32, liveness: Duration, tracker: TaskTracker) -> Self {
+        Self {
+            max,
+            liveness,
+            tracker,
+            cancellations: Arc::new(AtomicU64::new(0)),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Ends every stream: each engine sees a kill, each connection is shut down, each
+    /// watcher task ends at once. New streams are refused with `Closed`.
+    pub(crate) fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Dials the frontend for one stream and names the stream.
+    pub(crate) async fn connect(
+        &self,
+        addr: &StreamAddress,
+    ) -> Result<ClassicWriter, ResponseError> {
+        if self.stop.is_cancelled() {
+            return Err(ResponseError::Closed);
+        }
+        let unreachable = |e: std::io::Error| ResponseError::Unreachable {
+            reason: format!("{}: {e}", addr.addr),
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr.addr))
+            .await
+            .map_err(|_| ResponseError::Unreachable {
+                reason: format!("{}: connect timed out", addr.addr),
+            })?
+            .map_err(unreachable)?;
+        stream.set_nodelay(true).map_err(unreachable)?;
+        set_liveness(&stream, self.liveness).map_err(unreachable)?;
+        let (read, write) = stream.into_split();
+        let control = Arc::new(ClassicControl::default());
+        let watch = Watch {
+            control: control.clone(),
+            cancellations: self.cancellations.clone(),
+            stop: self.stop.child_token(),
+            linger: self.liveness,
+        };
+        self.tracker.spawn(watch.run(read));
+        let mut w = ClassicWriter {
+            write,
+            control,
+            out: Vec::with_capacity(256),
+            max: self.max,
+        };
+        let handshake =
+            serde_json::json!({ "stream": addr.ticket, "token": hex_token(&addr.token()?) });
+        w.send_message(HANDSHAKE, handshake.to_string().as_bytes())
+            .await?;
+        Ok(w)
     }
 }
 
@@ -81,39 +172,6 @@ pub(crate) struct ClassicWriter {
 }
 
 impl ClassicWriter {
-    /// Dials the frontend for one stream and names the stream.
-    pub(crate) async fn connect(
-        addr: &StreamAddress,
-        max: u32,
-        tracker: &TaskTracker,
-        cancellations: Arc<AtomicU64>,
-    ) -> Result<Self, ResponseError> {
-        let unreachable = |e: std::io::Error| ResponseError::Unreachable {
-            reason: format!("{}: {e}", addr.addr),
-        };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr.addr))
-            .await
-            .map_err(|_| ResponseError::Unreachable {
-                reason: format!("{}: connect timed out", addr.addr),
-            })?
-            .map_err(unreachable)?;
-        stream.set_nodelay(true).map_err(unreachable)?;
-        let (read, write) = stream.into_split();
-        let control = Arc::new(ClassicControl::default());
-        tracker.spawn(watch_control(read, control.clone(), cancellations));
-        let mut w = Self {
-            write,
-            control,
-            out: Vec::with_capacity(256),
-            max,
-        };
-        let handshake =
-            serde_json::json!({ "stream": addr.ticket, "token": hex_token(&addr.token()?) });
-        w.send_message(HANDSHAKE, handshake.to_string().as_bytes())
-            .await?;
-        Ok(w)
-    }
-
     pub(crate) fn control(&self) -> Arc<ClassicControl> {
         self.control.clone()
     }
@@ -160,28 +218,102 @@ impl ClassicWriter {
     }
 }
 
-/// Reads the frontend's control messages (stop, kill) until the connection ends; the end
-/// of the connection counts as a kill (the frontend dropped the stream).
-async fn watch_control(
-    mut read: OwnedReadHalf,
+impl Drop for ClassicWriter {
+    fn drop(&mut self) {
+        self.control.finished.store(true, Ordering::Release);
+        self.control.writer_gone.cancel();
+    }
+}
+
+/// One stream's watcher: the frontend's control messages, for the engine.
+struct Watch {
     control: Arc<ClassicControl>,
     cancellations: Arc<AtomicU64>,
+    /// The plane closed or aborted.
+    stop: CancellationToken,
+    /// How long the frontend has to close once the writer is gone.
+    linger: Duration,
+}
+
+impl Watch {
+    /// Watches until the frontend kills or closes the stream, the plane stops, or the writer
+    /// has been gone for `linger` (a wedged frontend that never closes must not keep this
+    /// task). Every way out leaves the control killed.
+    async fn run(self, mut read: OwnedReadHalf) {
+        let gone = async {
+            self.control.writer_gone.cancelled().await;
+            tokio::time::sleep(self.linger).await;
+        };
+        // Cancel safety: whichever branch wins, the others are dropped and the watch ends; a
+        // read in flight loses nothing anyone still needs.
+        tokio::select! {
+            () = read_control(&mut read, &self.control, &self.cancellations) => {
+                self.control.raise(KILLED, &self.cancellations);
+            }
+            () = self.stop.cancelled() => {
+                self.control.end();
+                // The writer half may live on in a wedged engine: close the connection now.
+                let _ = socket2::SockRef::from(read.as_ref()).shutdown(std::net::Shutdown::Both);
+            }
+            () = gone => self.control.end(),
+        }
+    }
+}
+
+/// Reads the frontend's control messages (stop, kill) until the connection ends; the end
+/// of the connection counts as a kill (the frontend dropped the stream).
+async fn read_control(
+    read: &mut OwnedReadHalf,
+    control: &ClassicControl,
+    cancellations: &AtomicU64,
 ) {
     let mut buf = BytesMut::with_capacity(64);
     loop {
         match frame::decode(&mut buf, 0) {
             Ok(Some((STOP, _))) => {
-                control.raise(STOPPED, &cancellations);
+                control.raise(STOPPED, cancellations);
                 continue;
             }
-            Ok(Some((KILL, _))) | Err(_) => break,
-            Ok(Some(_)) => break,
+            Ok(Some((KILL, _))) => return,
+            // Anything else from the frontend is garbage: the stream is as good as killed.
+            Ok(Some(_)) | Err(_) => return,
             Ok(None) => {}
         }
         match read.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => break,
+            Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
     }
-    control.raise(KILLED, &cancellations);
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::Codec;
+
+    /// A stream address pointing at `addr`, as a frontend would hand it out.
+    fn address(addr: std::net::SocketAddr) -> StreamAddress {
+        StreamAddress {
+            v: crate::info::ADDRESS_VERSION,
+            addr,
+            instance: format!("{:032x}", 1),
+            ticket: 1,
+            token: hex_token(&[7; 16]),
+            codec: Codec::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn worker_sockets_give_up_on_a_vanished_frontend_within_the_liveness_bound() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let bound = Duration::from_secs(9);
+        let dialer = ClassicDialer::new(1 << 20, bound, TaskTracker::new());
+        let to = address(listener.local_addr().unwrap());
+        let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
+        let (w, _frontend) = (w.unwrap(), accepted.unwrap());
+        crate::classic::socket::assert_liveness(w.write.as_ref(), bound);
+        dialer.stop();
+    }
 }
