@@ -58,7 +58,8 @@ pub struct ServiceConfig {
     pub plane: ResponsePlaneConfig,
     /// Which sides run.
     pub roles: Roles,
-    /// The Prometheus endpoint's address, if any.
+    /// The Prometheus endpoint's address, if any (bounded: see the crate docs, "Metrics
+    /// endpoint").
     pub metrics_addr: Option<SocketAddr>,
     /// Time open streams get to finish at shutdown.
     pub grace: Duration,

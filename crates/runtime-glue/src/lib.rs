@@ -8,6 +8,14 @@
 //! and the only one that touches a metrics crate. Its tasks (the metrics endpoint, the
 //! teardown) are tracked and bounded; shutdown never hangs.
 //!
+//! # Metrics endpoint
+//!
+//! `GET /metrics` serves at most 64 connections at once; past that it stops accepting, and
+//! clients wait in the listen backlog until a connection ends. A connection that has not sent
+//! a whole request head within 5 s (counting idle time between kept-alive requests) is
+//! closed, and any connection after 30 s: clients that connect and say nothing cannot grow
+//! the process, and a scrape queued behind them is served once they time out.
+//!
 //! # Example
 //!
 //! ```no_run
