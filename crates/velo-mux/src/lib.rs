@@ -82,6 +82,10 @@ mod wire_table;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
+#[cfg(feature = "__fuzz")]
+#[doc(hidden)]
+pub mod fuzzing;
+
 pub use config::{
     ConfigError, DEFAULT_GRANT_DELAY, DEFAULT_IDLE_TIMEOUT, DEFAULT_LANES,
     DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW, MuxConfig, MuxConfigBuilder,

@@ -100,9 +100,21 @@ impl WireTable {
     }
 
     /// Entries held.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "__fuzz"))]
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Pages allocated (each holds at least one entry).
+    #[cfg(feature = "__fuzz")]
+    pub(crate) fn pages(&self) -> usize {
+        self.pages.iter().flatten().count()
+    }
+
+    /// Length of the page directory (one more than the highest page in use).
+    #[cfg(feature = "__fuzz")]
+    pub(crate) fn directory_len(&self) -> usize {
+        self.pages.len()
     }
 
     /// Heap bytes the table holds: its directory and pages.

@@ -1,4 +1,7 @@
-//! Fuzz entry points, shared by `fuzz/` (cargo-fuzz) and the corpus replay tests.
+//! Fuzz entry points, shared by `fuzz/` (cargo-fuzz) and the corpus replay tests, and the
+//! replay machinery every crate with a fuzz target uses under `cargo test` ([`replay`]).
+
+pub mod replay;
 
 use bytes::BytesMut;
 
