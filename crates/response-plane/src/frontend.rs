@@ -252,7 +252,7 @@ impl FrontendPlane {
             #[cfg(feature = "tcp")]
             Transport::VeloTcp(f) => s.add_velo(&f.endpoint().stats(), &f.stats()),
             #[cfg(feature = "ucx")]
-            Transport::VeloUcx(f) => s.add_velo_ucx(&f.endpoint().stats(), &f.stats()),
+            Transport::VeloUcx(f) => s.add_velo_ucx(&f.endpoint().stats(), &f.handshake_stats()),
         }
         s
     }

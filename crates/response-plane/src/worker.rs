@@ -266,7 +266,7 @@ impl WorkerPlane {
             for p in w.endpoint().peers() {
                 velo_session::add_stats(&mut mux, &p.stats());
             }
-            s.add_velo_ucx(&mux, &w.stats());
+            s.add_velo_ucx(&mux, &w.handshake_stats());
         }
         let _ = s;
     }

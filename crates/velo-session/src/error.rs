@@ -1,5 +1,6 @@
 //! Errors of the session layer.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +13,12 @@ use velo_wire::{CloseCode, WireError};
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// I/O: the frontend could not be reached.
+    /// I/O: the frontend could not be reached, or the lane failed during the handshake (the
+    /// transport's error, for example a refused TCP connection or a UCX endpoint error).
     #[error("cannot reach frontend at {addr}: {source}")]
     Io {
         /// Where.
-        addr: String,
+        addr: SocketAddr,
         /// The I/O error.
         #[source]
         source: Arc<std::io::Error>,
@@ -25,7 +27,7 @@ pub enum ConnectError {
     #[error("handshake with {addr} timed out after {timeout:?}")]
     Timeout {
         /// Where.
-        addr: String,
+        addr: SocketAddr,
         /// The bound.
         timeout: Duration,
     },
@@ -34,7 +36,7 @@ pub enum ConnectError {
     #[error("frontend at {addr} refused the connection ({code}): {reason}")]
     Refused {
         /// Where.
-        addr: String,
+        addr: SocketAddr,
         /// The frontend's close code.
         code: CloseCode,
         /// The frontend's reason.
@@ -45,7 +47,7 @@ pub enum ConnectError {
     #[error("handshake with {addr} failed: {source}")]
     Handshake {
         /// Where.
-        addr: String,
+        addr: SocketAddr,
         /// What was wrong.
         #[source]
         source: HandshakeError,
@@ -54,24 +56,16 @@ pub enum ConnectError {
     #[error("frontend at {addr} sent an invalid handshake: {source}")]
     Wire {
         /// Where.
-        addr: String,
+        addr: SocketAddr,
         /// What was wrong.
         #[source]
         source: WireError,
-    },
-    /// A transport-specific failure (for example a UCX status).
-    #[error("transport error with {addr}: {reason}")]
-    Transport {
-        /// Where.
-        addr: String,
-        /// The transport's description.
-        reason: String,
     },
     /// A recent preparation failed; this request fails fast instead of dialing again.
     #[error("connection to {addr} failed {ago:?} ago, next attempt in {retry_in:?}: {last}")]
     BackingOff {
         /// Where.
-        addr: String,
+        addr: SocketAddr,
         /// Time since the failure.
         ago: Duration,
         /// Time until the next attempt is allowed.

@@ -73,6 +73,8 @@ struct FrontendInner {
     peers: Mutex<HashMap<InstanceId, Peer>>,
     tracker: TaskTracker,
     closing: AtomicBool,
+    /// Cancelled by `close`: accept loops stop.
+    closed: tokio_util::sync::CancellationToken,
     /// Cancelled by `abort`: every lane stops at once.
     abort: tokio_util::sync::CancellationToken,
 }
@@ -102,9 +104,20 @@ impl FrontendEndpoint {
                 peers: Mutex::new(HashMap::new()),
                 tracker,
                 closing: AtomicBool::new(false),
+                closed: tokio_util::sync::CancellationToken::new(),
                 abort: tokio_util::sync::CancellationToken::new(),
             }),
         }
+    }
+
+    /// Cancelled when the endpoint closes (its accept loops stop).
+    pub(crate) fn closed_token(&self) -> &tokio_util::sync::CancellationToken {
+        &self.inner.closed
+    }
+
+    /// The tracker lane and accept tasks run on.
+    pub(crate) fn tracker(&self) -> &TaskTracker {
+        &self.inner.tracker
     }
 
     /// This frontend's instance id (part of every stream address it hands out).
@@ -255,10 +268,11 @@ impl FrontendEndpoint {
         self.inner.closing.load(Ordering::Acquire)
     }
 
-    /// Refuses new lanes and closes every lane (open streams end as lost). The lane tasks end
-    /// on their own; wait for them on the tracker.
+    /// Stops its accept loops, refuses new lanes and closes every lane (open streams end as
+    /// lost). The lane tasks end on their own; wait for them on the tracker.
     pub fn close(&self) {
         self.inner.closing.store(true, Ordering::Release);
+        self.inner.closed.cancel();
         for p in self.peers() {
             p.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
         }

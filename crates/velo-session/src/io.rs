@@ -1,33 +1,56 @@
-//! What a transport provides for one lane: a way to read bytes and a way to write chunks.
+//! What a transport provides: a raw byte lane (one connection, before and after its
+//! handshake), a listener that yields them, and a dialer that opens them.
+//!
+//! Every lane operation is poll-based, as tokio's `AsyncRead`/`AsyncWrite` are: no future is
+//! boxed per socket read or write. Writes take owned [`Bytes`] chunks rather than slices so a
+//! transport that hands buffers to a NIC (UCX) keeps them alive without copying.
 
-use std::future::Future;
+use std::future::poll_fn;
 use std::io;
-use std::pin::Pin;
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// The receiving half of a lane.
 pub trait LaneRead: Send + 'static {
-    /// Reads more bytes into `buf` (appending). Returns 0 at a clean end of stream.
-    ///
-    /// Must be cancel safe: if the future is dropped, no bytes are lost.
-    fn read<'a>(
-        &'a mut self,
-        buf: &'a mut BytesMut,
-    ) -> Pin<Box<dyn Future<Output = io::Result<usize>> + Send + 'a>>;
+    /// Reads more bytes into `buf` (appending). `Ready(Ok(0))` at a clean end of stream.
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>>;
 }
 
 /// The sending half of a lane.
 pub trait LaneWrite: Send + 'static {
-    /// Writes every chunk, in order, in as few calls as the transport allows (vectored writes),
-    /// then clears `chunks`.
-    fn write<'a>(
-        &'a mut self,
-        chunks: &'a mut Vec<Bytes>,
-    ) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>>;
+    /// Writes the chunks of `chunks`, in order, in as few calls as the transport allows
+    /// (vectored writes), removing what was written from its front (a chunk written in part
+    /// is advanced). `Ready(Ok(()))` once `chunks` is empty.
+    fn poll_write(&mut self, cx: &mut Context<'_>, chunks: &mut Vec<Bytes>)
+    -> Poll<io::Result<()>>;
 
     /// Ends the lane from this side after the last write (TCP: shutdown of the write half).
-    fn close<'a>(&'a mut self) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>>;
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+/// One connection of a transport, both ways, as it comes from a [`LaneListener`] or a
+/// [`Dialer`]: velo-session runs the handshake on it, then splits it for the lane's pumps.
+pub trait RawLane: LaneRead + LaneWrite {
+    /// The two halves, for the lane's reader and writer tasks.
+    fn into_io(self: Box<Self>) -> LaneIo;
+}
+
+/// Yields the raw lanes peers open to a frontend.
+pub trait LaneListener: Send + 'static {
+    /// The next lane a peer opened, or an accept error (counted; the accept loop goes on
+    /// after a short pause); `Ready(None)` once the listener is gone for good.
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Box<dyn RawLane>>>>;
+}
+
+/// Opens raw lanes to a frontend (a worker's side of a transport).
+pub trait Dialer: Send + Sync + 'static {
+    /// Connects one lane to `addr`. Connecting is rare (once per lane per frontend), so a
+    /// boxed future is fine here.
+    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>>;
 }
 
 /// A lane's two halves.
@@ -41,5 +64,67 @@ pub struct LaneIo {
 impl std::fmt::Debug for LaneIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LaneIo { .. }")
+    }
+}
+
+/// Reads `lane` once (see [`LaneRead::poll_read`]). Cancel safe: nothing is read if dropped.
+pub(crate) async fn read<R: LaneRead + ?Sized>(
+    lane: &mut R,
+    buf: &mut BytesMut,
+) -> io::Result<usize> {
+    poll_fn(|cx| lane.poll_read(cx, buf)).await
+}
+
+/// Writes every chunk (see [`LaneWrite::poll_write`]).
+pub(crate) async fn write<W: LaneWrite + ?Sized>(
+    lane: &mut W,
+    chunks: &mut Vec<Bytes>,
+) -> io::Result<()> {
+    poll_fn(|cx| lane.poll_write(cx, chunks)).await
+}
+
+/// Ends the lane from this side (see [`LaneWrite::poll_close`]).
+pub(crate) async fn close<W: LaneWrite + ?Sized>(lane: &mut W) -> io::Result<()> {
+    poll_fn(|cx| lane.poll_close(cx)).await
+}
+
+/// A lane's reader after its handshake: first the bytes read past the handshake frame, then
+/// the transport's; it holds the lane's connection slot (frontend) for as long as it reads.
+pub(crate) struct HandshakenRead {
+    pub(crate) leftover: BytesMut,
+    pub(crate) inner: Box<dyn LaneRead>,
+    pub(crate) _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl LaneRead for HandshakenRead {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        if self.leftover.is_empty() {
+            return self.inner.poll_read(cx, buf);
+        }
+        let n = self.leftover.len();
+        if buf.is_empty() {
+            std::mem::swap(buf, &mut self.leftover);
+        } else {
+            buf.extend_from_slice(&self.leftover);
+            self.leftover.clear();
+        }
+        Poll::Ready(Ok(n))
+    }
+}
+
+/// Splits a handshaken lane, keeping `leftover` and `slot` with its reader.
+pub(crate) fn handshaken(
+    lane: Box<dyn RawLane>,
+    leftover: BytesMut,
+    slot: Option<OwnedSemaphorePermit>,
+) -> LaneIo {
+    let LaneIo { read, write } = lane.into_io();
+    LaneIo {
+        read: Box::new(HandshakenRead {
+            leftover,
+            inner: read,
+            _slot: slot,
+        }),
+        write,
     }
 }

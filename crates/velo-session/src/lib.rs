@@ -1,46 +1,57 @@
 //! The async glue every velo transport shares: a connection's mux behind one lock, the
-//! stream handles applications hold, the lane tasks that move bytes, and the endpoints that
-//! prepare and accept connections.
+//! stream handles applications hold, the lane tasks that move bytes, the v3 handshake, and
+//! the endpoints that dial, accept and prepare connections.
 //!
 //! # Layer contract
 //!
 //! Below: `velo-mux` (the sans-IO state machine) and `velo-wire`. Above: the transports
-//! (`velo-tcp`, `velo-ucx`), which only provide lane I/O ([`LaneRead`], [`LaneWrite`]), a
-//! [`Connector`] for workers, and an accept path that calls
-//! [`FrontendEndpoint::attach_lane`]. This crate never opens a socket or names a transport.
-//! It never spawns a task of its own accord: lane tasks go on the [`TaskTracker`] the caller
-//! passes in, so the runtime can account for and bound every one of them.
+//! (`velo-tcp`, `velo-ucx`), which provide only bytes: a [`RawLane`] (one connection, read
+//! and written poll by poll), a [`LaneListener`] that yields them to a frontend and a
+//! [`Dialer`] that opens them for a worker. Everything else is here, once for every
+//! transport: the HELLO/CLOSE exchange and its checks, the accept loop with its connection
+//! limit and handshake deadline, dialing a connection's lanes, the handshake counters, the
+//! pumps and the timers. This crate never opens a socket or names a transport. It never
+//! spawns a task of its own accord: every task goes on the [`TaskTracker`] the caller passes
+//! in, so the runtime can account for and bound every one of them.
 //!
 //! # Main types
 //!
-//! - [`WorkerEndpoint`]: prepares one connection per frontend instance (shared by every
-//!   stream to it) and opens [`SendStream`]s.
-//! - [`FrontendEndpoint`]: attaches lanes from workers and hands every opened stream to an
-//!   [`Acceptor`] as an [`IncomingStream`], which becomes a [`RecvStream`].
+//! - [`WorkerEndpoint`]: prepares one connection per frontend (shared by every stream to it)
+//!   and opens [`SendStream`]s.
+//! - [`FrontendEndpoint`]: accepts lanes ([`FrontendEndpoint::accept`]) and hands every
+//!   stream they open to an [`Acceptor`] as an [`IncomingStream`], which becomes a
+//!   [`RecvStream`].
 //! - [`Peer`]: one connection; [`Peer::flush`] is the once-per-forward-pass hint.
 //!
 //! [`TaskTracker`]: tokio_util::task::TaskTracker
 
+mod accept;
 mod clock;
+mod dial;
 mod error;
 mod frontend;
+mod handshake;
 mod io;
 mod peer;
 mod pump;
 mod recv;
 mod send;
+mod stats;
 mod worker;
 
+pub use accept::{AcceptSettings, Accepting, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ConnectError, StreamError};
 pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings, add_stats};
-pub use io::{LaneIo, LaneRead, LaneWrite};
+pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};
+pub use io::{Dialer, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane};
 pub use peer::{Acceptor, Peer};
 pub use pump::CLOSE_GRACE;
 pub use recv::{IncomingStream, RecvStream};
 pub use send::{SendStream, StreamWatch};
+pub use stats::HandshakeStats;
 pub use worker::{
-    Backoff, Connector, DEFAULT_PREPARE_TIMEOUT, DEFAULT_READ_BUFFER, OpenStreamError,
-    WorkerEndpoint, WorkerSettings, open_on, open_when_room,
+    Backoff, DEFAULT_PREPARE_TIMEOUT, DEFAULT_READ_BUFFER, OpenStreamError, WorkerEndpoint,
+    WorkerSettings, open_on, open_when_room,
 };
 
 /// A fresh random instance id (never zero).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use velo_mux::{LaneId, LaneState, MAX_TRANSMIT_CHUNKS};
 
-use crate::io::{LaneRead, LaneWrite};
+use crate::io::{self as lane_io, LaneRead, LaneWrite};
 use crate::peer::Peer;
 
 /// How long a closing lane's writer may still spend finishing the write in progress, sending
@@ -38,7 +38,7 @@ pub(crate) async fn run_reader(
         let result = tokio::select! {
             r = async {
                 room_for_input(&peer, lane).await;
-                read.read(&mut buf).await
+                lane_io::read(&mut *read, &mut buf).await
             } => r,
             () = token.cancelled() => break,
         };
@@ -117,7 +117,7 @@ pub(crate) async fn run_writer(peer: Peer, lane: LaneId, mut write: Box<dyn Lane
         }
     }
     if !ctl.token.is_cancelled() {
-        match tokio::time::timeout(CLOSE_GRACE, write.close()).await {
+        match tokio::time::timeout(CLOSE_GRACE, lane_io::close(&mut *write)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(%lane, error = %e, "closing the lane's transport failed"),
             Err(_) => tracing::debug!(%lane, "closing the lane's transport timed out"),
@@ -143,7 +143,7 @@ async fn write_chunks(
 ) -> bool {
     let ctl = &peer.inner.lanes[usize::from(lane.0)];
     let done = {
-        let mut written = std::pin::pin!(write.write(chunks));
+        let mut written = std::pin::pin!(lane_io::write(write, chunks));
         loop {
             let deadline = match closing {
                 Some(since) => Some((since + CLOSE_GRACE).into_std()),

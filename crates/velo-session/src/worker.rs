@@ -14,21 +14,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use velo_mux::handshake::Expect;
 use velo_mux::{LaneId, Mux, MuxConfig, Side};
-use velo_wire::{Hello, InstanceId, Role, Token};
+use velo_wire::{InstanceId, Role, Token};
 
-use crate::{ConnectError, LaneIo, Peer, SendStream, StreamError, clock, new_instance_id};
-
-/// Dials and handshakes one lane; a transport implements it.
-pub trait Connector: Send + Sync + 'static {
-    /// Connects to `addr`, sends `hello`, reads the frontend's answer and checks it with
-    /// `expect`. Returns the frontend's HELLO and the lane's I/O.
-    fn connect_lane(
-        &self,
-        addr: SocketAddr,
-        hello: Hello,
-        expect: Expect,
-    ) -> BoxFuture<'static, Result<(Hello, LaneIo), ConnectError>>;
-}
+use crate::dial::Connector;
+use crate::stats::{HandshakeCounters, HandshakeStats};
+use crate::{ConnectError, Dialer, Peer, SendStream, StreamError, clock, new_instance_id};
 
 /// Backoff after a failed preparation: the first retry is allowed after `min`, doubling per
 /// consecutive failure up to `max`.
@@ -58,9 +48,24 @@ pub struct WorkerSettings {
     pub backoff: Backoff,
     /// Receive buffer of each lane's reader, in bytes.
     pub read_buffer: usize,
+    /// Bound on dialing and handshaking one lane.
+    pub handshake_timeout: Duration,
     /// Bound on preparing one connection (dialing and handshaking every lane), whatever the
     /// transport's own timeouts.
     pub prepare_timeout: Duration,
+}
+
+impl WorkerSettings {
+    /// The defaults, with `mux` (a worker-side configuration).
+    pub fn new(mux: MuxConfig) -> Self {
+        Self {
+            mux,
+            backoff: Backoff::default(),
+            read_buffer: DEFAULT_READ_BUFFER,
+            handshake_timeout: crate::DEFAULT_HANDSHAKE_TIMEOUT,
+            prepare_timeout: DEFAULT_PREPARE_TIMEOUT,
+        }
+    }
 }
 
 /// Default reader buffer: 64 KiB, the batch cap, so one read usually takes a whole batch.
@@ -108,7 +113,7 @@ pub struct WorkerEndpoint {
 
 struct WorkerInner {
     settings: WorkerSettings,
-    connector: Arc<dyn Connector>,
+    connector: Connector,
     peers: RwLock<HashMap<FrontendKey, Entry>>,
     /// Connections whose frontend went away: no new streams, open ones finish.
     draining: Mutex<Vec<Peer>>,
@@ -121,16 +126,13 @@ struct WorkerInner {
 }
 
 impl WorkerEndpoint {
-    /// A worker endpoint dialing through `connector`. Lane tasks are spawned on `tracker`.
+    /// A worker endpoint dialing lanes through `dialer` (it runs each lane's handshake).
+    /// Lane tasks are spawned on `tracker`.
     ///
     /// # Panics
     ///
     /// If `settings.mux` is not a worker-side configuration.
-    pub fn new(
-        settings: WorkerSettings,
-        connector: Arc<dyn Connector>,
-        tracker: TaskTracker,
-    ) -> Self {
+    pub fn new(settings: WorkerSettings, dialer: Arc<dyn Dialer>, tracker: TaskTracker) -> Self {
         assert_eq!(
             settings.mux.side(),
             Side::Worker,
@@ -138,8 +140,12 @@ impl WorkerEndpoint {
         );
         Self {
             inner: Arc::new(WorkerInner {
+                connector: Connector {
+                    dialer,
+                    handshake_timeout: settings.handshake_timeout,
+                    counters: Arc::new(HandshakeCounters::default()),
+                },
                 settings,
-                connector,
                 peers: RwLock::new(HashMap::new()),
                 draining: Mutex::new(Vec::new()),
                 next_preparation: AtomicU64::new(0),
@@ -201,6 +207,11 @@ impl WorkerEndpoint {
         for p in self.peers() {
             p.flush();
         }
+    }
+
+    /// The handshake counters of every lane this endpoint dialed.
+    pub fn handshake_stats(&self) -> HandshakeStats {
+        self.inner.connector.counters.snapshot()
     }
 
     /// Live connections, those still taking new streams and those draining.
@@ -290,7 +301,7 @@ impl WorkerInner {
                 ..
             }) if now < *retry_at => {
                 return Err(ConnectError::BackingOff {
-                    addr: key.1.to_string(),
+                    addr: key.1,
                     ago: now - *at,
                     retry_in: *retry_at - now,
                     last: Box::new(error.clone()),
@@ -308,7 +319,7 @@ impl WorkerInner {
                 .await
                 .unwrap_or_else(|_| {
                     Err(ConnectError::Timeout {
-                        addr: key.1.to_string(),
+                        addr: key.1,
                         timeout,
                     })
                 });

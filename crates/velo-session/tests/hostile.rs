@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{frontend_config, raw_lane, within};
-use tokio::io::AsyncWriteExt;
+use common::{MemNet, addr, frontend_config, frontend_with, within, worker_config};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::task::TaskTracker;
 use velo_wire::{Batch, Frame, Record, StreamId, Token};
 
@@ -39,16 +39,15 @@ async fn a_peer_that_floods_refused_opens_and_never_reads_cannot_grow_the_queue(
     const LIMIT: usize = 64 * 1024;
     let tracker = TaskTracker::new();
     // Every stream is refused: each OPEN costs the frontend a CANCEL.
-    let endpoint = velo_session::FrontendEndpoint::new(
-        velo_session::FrontendSettings {
-            mux: frontend_config(|b| b.max_buffered_bytes(LIMIT)),
-            read_buffer: velo_session::DEFAULT_READ_BUFFER,
-        },
-        velo_session::new_instance_id(),
+    let endpoint = frontend_with(
+        &tracker,
+        frontend_config(|b| b.max_buffered_bytes(LIMIT)),
         std::sync::Arc::new(RefuseAll),
-        tracker.clone(),
     );
-    let (mut raw, _lane) = raw_lane(&endpoint);
+    let net = MemNet::new();
+    net.serve(&endpoint);
+    let (mut raw, _lane) = net.raw(addr());
+    handshake(&mut raw, &endpoint).await;
     // Write OPENs until the frontend stops taking them (it stops reading), at most 8 MiB.
     let mut written = 0;
     let mut slot = 0;
@@ -76,4 +75,28 @@ async fn a_peer_that_floods_refused_opens_and_never_reads_cannot_grow_the_queue(
     endpoint.abort();
     tracker.close();
     within("every task ending", tracker.wait()).await;
+}
+
+/// Sends a worker's HELLO for a one-lane connection and reads the frontend's answer.
+async fn handshake(raw: &mut tokio::io::DuplexStream, frontend: &velo_session::FrontendEndpoint) {
+    let hello = worker_config(|b| b.lanes(1)).hello(
+        0,
+        velo_session::new_instance_id(),
+        frontend.instance(),
+    );
+    let mut out = BytesMut::new();
+    Frame::Hello(hello).encode(&mut out);
+    raw.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let mut decoder = velo_wire::FrameDecoder::new(velo_wire::MIN_MAX_FRAME_LEN);
+    let answer = within("the frontend's answer", async {
+        loop {
+            if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                return frame;
+            }
+            assert!(raw.read_buf(&mut buf).await.unwrap() > 0, "the lane ended");
+        }
+    })
+    .await;
+    assert!(matches!(answer, Frame::Hello(_)), "{answer:?}");
 }

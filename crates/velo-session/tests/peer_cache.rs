@@ -255,10 +255,9 @@ async fn a_preparation_whose_waiters_all_gave_up_still_completes_and_serves_late
 async fn connections_are_cached_per_instance_and_address() {
     let w = World::new();
     let instance = w.frontend.instance();
-    let (a, b): (std::net::SocketAddr, std::net::SocketAddr) = (
-        "127.0.0.1:9".parse().unwrap(),
-        "127.0.0.2:9".parse().unwrap(),
-    );
+    let (a, b): (std::net::SocketAddr, std::net::SocketAddr) =
+        (addr(), "127.0.0.2:9".parse().unwrap());
+    w.connector.serve_at(b, &w.frontend);
     within("a connection via one address", w.worker.peer(a, instance))
         .await
         .unwrap();

@@ -2,15 +2,10 @@
 
 use std::time::Duration;
 
-use velo_session::Backoff;
+use velo_session::{Backoff, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 
 /// Default time to establish a TCP connection: 3 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Default time a new connection has to complete its handshake: 5 s. A peer that connects
-/// and says nothing holds one connection slot for at most this long.
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default cap on connections a frontend holds (lanes plus handshakes in progress).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default socket send and receive buffers: 4 MiB, set before connect or listen (Velo saw a
 /// ~100x collapse when buffers were sized after data started flowing).
 pub const DEFAULT_SOCKET_BUFFER: u32 = 4 * 1024 * 1024;

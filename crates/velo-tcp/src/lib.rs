@@ -3,11 +3,11 @@
 //!
 //! # Layer contract
 //!
-//! This crate owns sockets: socket options (buffers sized before connect or listen,
-//! `TCP_NODELAY`), the accept loop, per-lane handshakes with timeouts, and vectored writes.
-//! Everything above the bytes (streams, credits, batching, timers) is `velo-session` and
-//! `velo-mux`. It never spawns untracked tasks: everything runs on the caller's
-//! `TaskTracker`.
+//! This crate owns sockets and nothing else: socket options (buffers sized before connect or
+//! listen, `TCP_NODELAY`, the liveness bound), the listener and dialer velo-session drives,
+//! and vectored zero-copy writes. The handshake, the accept loop with its limits, streams,
+//! credits, batching and timers are `velo-session` and `velo-mux`. It never spawns a task:
+//! velo-session runs everything on the caller's `TaskTracker`.
 //!
 //! # Example
 //!
@@ -33,35 +33,31 @@
 //! ```
 
 mod config;
-mod connector;
-mod handshake;
+mod dialer;
 mod io;
 mod listener;
 mod socket;
-mod stats;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use velo_mux::MuxConfig;
-use velo_session::{Acceptor, FrontendEndpoint, FrontendSettings, WorkerEndpoint, WorkerSettings};
+use velo_session::{
+    AcceptSettings, Accepting, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
+    WorkerEndpoint, WorkerSettings,
+};
 use velo_wire::InstanceId;
 
 pub use config::{
-    DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_LIVENESS,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_SOCKET_BUFFER, TcpConfig,
+    DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS, DEFAULT_SOCKET_BUFFER, TcpConfig,
 };
-pub use stats::TcpStats;
 
 /// A frontend listening for worker lanes over TCP.
 pub struct TcpFrontend {
     endpoint: FrontendEndpoint,
+    accepting: Accepting,
     local_addr: SocketAddr,
-    counters: Arc<stats::Counters>,
-    stop: CancellationToken,
-    accept_done: CancellationToken,
 }
 
 impl TcpFrontend {
@@ -111,30 +107,22 @@ impl TcpFrontend {
             mux,
             read_buffer: cfg.read_buffer,
         };
-        let endpoint = FrontendEndpoint::new(settings, instance, acceptor, tracker.clone());
-        let counters = Arc::new(stats::Counters::default());
-        let stop = CancellationToken::new();
-        let accept_done = CancellationToken::new();
-        let accept = listener::Accept {
-            listener,
-            endpoint: endpoint.clone(),
-            cfg,
-            counters: counters.clone(),
-            tracker: tracker.clone(),
-            stop: stop.clone(),
-        };
-        let done = accept_done.clone();
-        tracker.spawn(async move {
-            listener::accept_loop(accept).await;
-            done.cancel();
-        });
+        let endpoint = FrontendEndpoint::new(settings, instance, acceptor, tracker);
+        let accepting = endpoint.accept(
+            listener::TcpLaneListener {
+                listener,
+                liveness: cfg.liveness,
+            },
+            AcceptSettings {
+                handshake_timeout: cfg.handshake_timeout,
+                max_connections: cfg.max_connections,
+            },
+        );
         tracing::debug!(%local_addr, %instance, "tcp frontend listening");
         Ok(Self {
             endpoint,
+            accepting,
             local_addr,
-            counters,
-            stop,
-            accept_done,
         })
     }
 
@@ -153,23 +141,22 @@ impl TcpFrontend {
         &self.endpoint
     }
 
-    /// The transport's counters.
-    pub fn stats(&self) -> TcpStats {
-        self.counters.snapshot()
+    /// The handshake counters of every connection accepted.
+    pub fn stats(&self) -> HandshakeStats {
+        self.accepting.stats()
     }
 
     /// Stops accepting (handshakes in progress are dropped), waits for the accept loop to
     /// exit, then closes every lane gracefully (a CLOSE frame each; their tasks end on their
     /// own, see [`abort`](Self::abort) for a hard stop).
     pub async fn shutdown(&self) {
-        self.stop.cancel();
-        self.accept_done.cancelled().await;
+        self.accepting.shutdown().await;
         self.endpoint.close();
     }
 
     /// Stops everything at once: no more accepts, every lane's tasks end now.
     pub fn abort(&self) {
-        self.stop.cancel();
+        self.accepting.stop();
         self.endpoint.abort();
     }
 }
@@ -178,36 +165,41 @@ impl TcpFrontend {
 #[derive(Clone)]
 pub struct TcpWorker {
     endpoint: WorkerEndpoint,
-    counters: Arc<stats::Counters>,
 }
 
 impl TcpWorker {
     /// A worker whose connections have `mux.lanes()` lanes each; lane tasks run on `tracker`.
     pub fn new(mux: MuxConfig, cfg: TcpConfig, tracker: TaskTracker) -> Self {
-        let counters = Arc::new(stats::Counters::default());
         let settings = WorkerSettings {
-            mux,
             backoff: cfg.backoff,
             read_buffer: cfg.read_buffer,
-            prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
+            handshake_timeout: cfg.handshake_timeout,
+            ..WorkerSettings::new(mux)
         };
-        let connector = Arc::new(connector::TcpConnector {
-            cfg,
-            counters: counters.clone(),
-        });
+        let dialer = Arc::new(dialer::TcpDialer { cfg });
         Self {
-            endpoint: WorkerEndpoint::new(settings, connector, tracker),
-            counters,
+            endpoint: WorkerEndpoint::new(settings, dialer, tracker),
         }
     }
 
-    /// The endpoint (open streams, flush, close).
+    /// The endpoint (open streams, flush).
     pub fn endpoint(&self) -> &WorkerEndpoint {
         &self.endpoint
     }
 
-    /// The transport's counters.
-    pub fn stats(&self) -> TcpStats {
-        self.counters.snapshot()
+    /// The handshake counters of every lane dialed.
+    pub fn stats(&self) -> HandshakeStats {
+        self.endpoint.handshake_stats()
+    }
+
+    /// Closes every connection (each lane sends CLOSE first); no new connections are made.
+    /// Lane tasks end on their own; wait for them on the tracker.
+    pub fn close(&self) {
+        self.endpoint.close();
+    }
+
+    /// Stops every connection at once.
+    pub fn abort(&self) {
+        self.endpoint.abort();
     }
 }

@@ -18,28 +18,28 @@
 //!
 //! `cargo bench -p velo-ucx --features ucx --bench ucx [-- --secs N]`
 
-use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
-use velo_mux::handshake::Expect;
 use velo_mux::{FlushPolicy, MuxConfig, Side};
 use velo_session::{
-    Acceptor, ConnectError, Connector, FrontendEndpoint, FrontendSettings, IncomingStream, LaneIo,
-    LaneRead, LaneWrite, WorkerEndpoint, WorkerSettings,
+    AcceptSettings, Acceptor, Dialer, FrontendEndpoint, FrontendSettings, IncomingStream, LaneIo,
+    LaneListener, LaneRead, LaneWrite, RawLane, WorkerEndpoint, WorkerSettings,
 };
 use velo_ucx::{ProgressEngine, UcxConfig, UcxFrontend, UcxWorker};
-use velo_wire::{Frame, FrameDecoder, Hello, InstanceId, Token};
+use velo_wire::{InstanceId, Token};
 
 /// Item size, in bytes.
 const ITEM: usize = 100;
@@ -175,12 +175,7 @@ fn worker_endpoint(
 ) -> (WorkerEndpoint, Option<UcxWorker>) {
     match lanes {
         Lanes::Tcp => {
-            let settings = WorkerSettings {
-                mux,
-                backoff: velo_session::Backoff::default(),
-                read_buffer: velo_session::DEFAULT_READ_BUFFER,
-                prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
-            };
+            let settings = WorkerSettings::new(mux);
             (
                 WorkerEndpoint::new(settings, Arc::new(TcpDial), tracker.clone()),
                 None,
@@ -409,144 +404,114 @@ impl TcpFront {
             acceptor,
             tracker.clone(),
         );
-        let (ep, t) = (endpoint.clone(), tracker.clone());
-        tracker.spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                if ep.is_closing() {
-                    break;
-                }
-                let ep = ep.clone();
-                t.spawn(async move {
-                    let _ = stream.set_nodelay(true);
-                    let mut buf = BytesMut::new();
-                    let Some(Frame::Hello(hello)) = read_frame(&mut stream, &mut buf).await else {
-                        return;
-                    };
-                    let Ok(answer) = ep.answer(&hello) else {
-                        return;
-                    };
-                    let mut out = Vec::new();
-                    Frame::Hello(answer).encode(&mut out);
-                    if stream.write_all(&out).await.is_ok() {
-                        let _ = ep.attach_lane(&hello, tcp_lane(stream, buf));
-                    }
-                });
-            }
-        });
+        endpoint.accept(TcpAccept(listener), AcceptSettings::default());
         Self { endpoint, addr }
+    }
+}
+
+/// Plain TCP lanes for the comparison (velo-tcp sets more socket options; a bench of velo-ucx
+/// does not depend on its sibling transport).
+struct TcpAccept(TcpListener);
+
+impl LaneListener for TcpAccept {
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Box<dyn RawLane>>>> {
+        let (stream, _) = match ready!(self.0.poll_accept(cx)) {
+            Ok(a) => a,
+            Err(e) => return Poll::Ready(Some(Err(e))),
+        };
+        stream.set_nodelay(true).unwrap();
+        Poll::Ready(Some(Ok(Box::new(TcpLane(stream)))))
     }
 }
 
 struct TcpDial;
 
-impl Connector for TcpDial {
-    fn connect_lane(
-        &self,
-        addr: SocketAddr,
-        hello: Hello,
-        expect: Expect,
-    ) -> BoxFuture<'static, Result<(Hello, LaneIo), ConnectError>> {
+impl Dialer for TcpDial {
+    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>> {
         async move {
-            let io = |e: std::io::Error| ConnectError::Io {
-                addr: addr.to_string(),
-                source: Arc::new(e),
-            };
-            let mut stream = TcpStream::connect(addr).await.map_err(io)?;
-            stream.set_nodelay(true).map_err(io)?;
-            let mut out = Vec::new();
-            Frame::Hello(hello).encode(&mut out);
-            stream.write_all(&out).await.map_err(io)?;
-            let mut buf = BytesMut::new();
-            match read_frame(&mut stream, &mut buf).await {
-                Some(Frame::Hello(answer)) if expect.check(&answer).is_ok() => {
-                    Ok((answer, tcp_lane(stream, buf)))
-                }
-                _ => Err(io(std::io::ErrorKind::InvalidData.into())),
-            }
+            let stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(TcpLane(stream)) as Box<dyn RawLane>)
         }
         .boxed()
     }
 }
 
-async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<Frame> {
-    let mut decoder = FrameDecoder::new(velo_wire::MIN_MAX_FRAME_LEN);
-    loop {
-        if let Some(f) = decoder.decode(buf).ok()? {
-            return Some(f);
-        }
-        if stream.read_buf(buf).await.ok()? == 0 {
-            return None;
+struct TcpLane(TcpStream);
+
+struct TcpRead(tokio::net::tcp::OwnedReadHalf);
+
+struct TcpWrite(tokio::net::tcp::OwnedWriteHalf);
+
+impl RawLane for TcpLane {
+    fn into_io(self: Box<Self>) -> LaneIo {
+        let (read, write) = self.0.into_split();
+        LaneIo {
+            read: Box::new(TcpRead(read)),
+            write: Box::new(TcpWrite(write)),
         }
     }
 }
 
-fn tcp_lane(stream: TcpStream, leftover: BytesMut) -> LaneIo {
-    let (read, write) = stream.into_split();
-    LaneIo {
-        read: Box::new(TcpRead { read, leftover }),
-        write: Box::new(TcpWrite { write }),
+impl LaneRead for TcpLane {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.0), cx, buf)
     }
 }
 
-struct TcpRead {
-    read: tokio::net::tcp::OwnedReadHalf,
-    leftover: BytesMut,
+impl LaneWrite for TcpLane {
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        poll_write(Pin::new(&mut self.0), cx, chunks)
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }
 
 impl LaneRead for TcpRead {
-    fn read<'a>(
-        &'a mut self,
-        buf: &'a mut BytesMut,
-    ) -> Pin<Box<dyn Future<Output = std::io::Result<usize>> + Send + 'a>> {
-        Box::pin(async move {
-            if !self.leftover.is_empty() {
-                let n = self.leftover.len();
-                buf.extend_from_slice(&self.leftover);
-                self.leftover.clear();
-                return Ok(n);
-            }
-            self.read.read_buf(buf).await
-        })
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.0), cx, buf)
     }
-}
-
-struct TcpWrite {
-    write: tokio::net::tcp::OwnedWriteHalf,
 }
 
 impl LaneWrite for TcpWrite {
-    fn write<'a>(
-        &'a mut self,
-        chunks: &'a mut Vec<Bytes>,
-    ) -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send + 'a>> {
-        Box::pin(async move {
-            let mut first = 0;
-            while first < chunks.len() {
-                let slices: Vec<std::io::IoSlice<'_>> = chunks[first..]
-                    .iter()
-                    .map(|c| std::io::IoSlice::new(c))
-                    .collect();
-                let mut left = self.write.write_vectored(&slices).await?;
-                if left == 0 {
-                    return Err(std::io::ErrorKind::WriteZero.into());
-                }
-                while left > 0 {
-                    let c = &mut chunks[first];
-                    if left >= c.len() {
-                        left -= c.len();
-                        first += 1;
-                    } else {
-                        c.advance(left);
-                        left = 0;
-                    }
-                }
-            }
-            chunks.clear();
-            Ok(())
-        })
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        poll_write(Pin::new(&mut self.0), cx, chunks)
     }
 
-    fn close<'a>(&'a mut self) -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send + 'a>> {
-        Box::pin(self.write.shutdown())
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
+}
+
+fn poll_write(
+    mut w: Pin<&mut impl AsyncWrite>,
+    cx: &mut Context<'_>,
+    chunks: &mut Vec<Bytes>,
+) -> Poll<io::Result<()>> {
+    while !chunks.is_empty() {
+        let slices: Vec<io::IoSlice<'_>> = chunks.iter().map(|c| io::IoSlice::new(c)).collect();
+        let mut left = ready!(w.as_mut().poll_write_vectored(cx, &slices))?;
+        if left == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        while left > 0 {
+            if left >= chunks[0].len() {
+                left -= chunks.remove(0).len();
+            } else {
+                chunks[0].advance(left);
+                left = 0;
+            }
+        }
+    }
+    Poll::Ready(Ok(()))
 }

@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use velo_session::Backoff;
+use velo_session::{Backoff, DEFAULT_MAX_CONNECTIONS};
 
 /// Default time a new lane has to complete its handshake: 5 s. UCX reports an unreachable
 /// frontend asynchronously (an endpoint error after `ucp_ep_create` returned), so the HELLO
 /// round trip is also what bounds connection setup.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default cap on lanes a frontend holds (lanes plus handshakes in progress).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default bound on flushing a closing lane before its endpoint is force-closed: 1 s. A dead
 /// peer never acknowledges the flush; its endpoint error usually arrives first anyway.
 pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);

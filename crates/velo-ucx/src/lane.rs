@@ -12,11 +12,12 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Bytes, BytesMut};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use velo_session::{LaneIo, LaneRead, LaneWrite};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::PollSemaphore;
+use velo_session::{LaneIo, LaneRead, LaneWrite, RawLane};
 
 use crate::driver::{Command, LaneKey, WRITE_WINDOW_KIB};
 
@@ -115,9 +116,17 @@ impl Inbox {
 pub(crate) struct Lane {
     key: LaneKey,
     inbox: Arc<Inbox>,
-    window: Arc<Semaphore>,
-    cmd: mpsc::UnboundedSender<Command>,
+    writer: Writer,
     release: Arc<Release>,
+}
+
+/// The sending side of a lane: write-window permits (held until UCX is done with the
+/// buffers), the driver's command queue, and a close in progress.
+struct Writer {
+    key: LaneKey,
+    window: PollSemaphore,
+    cmd: mpsc::UnboundedSender<Command>,
+    closing: Option<oneshot::Receiver<()>>,
 }
 
 /// Tells the driver when the last half of a lane is gone (closes its endpoint if still open).
@@ -147,8 +156,12 @@ impl Lane {
         Self {
             key,
             inbox,
-            window,
-            cmd,
+            writer: Writer {
+                key,
+                window: PollSemaphore::new(window),
+                cmd,
+                closing: None,
+            },
             release,
         }
     }
@@ -156,86 +169,101 @@ impl Lane {
     pub(crate) fn key(&self) -> LaneKey {
         self.key
     }
+}
 
-    /// Appends received bytes to `buf`; 0 at an orderly end. Cancel safe.
-    pub(crate) async fn read(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.inbox.poll_read(cx, buf)).await
+impl LaneRead for Lane {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        self.inbox.poll_read(cx, buf)
+    }
+}
+
+impl LaneWrite for Lane {
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        self.writer.poll_write(cx, chunks)
     }
 
-    /// Queues `chunks` for sending, in order, and clears it (see [`write`]).
-    pub(crate) async fn write(&mut self, chunks: &mut Vec<Bytes>) -> io::Result<()> {
-        write(&self.cmd, self.key, &self.window, chunks).await
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.writer.poll_close(cx)
     }
+}
 
-    /// Ends the lane in order (bounded by the close timeout).
-    pub(crate) async fn close(&mut self) -> io::Result<()> {
-        close(&self.cmd, self.key).await
-    }
-
-    /// The session's view: `leftover` holds bytes read past the handshake; `permit`
-    /// (frontend) holds a lane slot for as long as the lane reads.
-    pub(crate) fn into_io(
-        self,
-        leftover: BytesMut,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> LaneIo {
+impl RawLane for Lane {
+    fn into_io(self: Box<Self>) -> LaneIo {
+        let this = *self;
         LaneIo {
             read: Box::new(UcxRead {
-                inbox: self.inbox,
-                leftover,
-                _release: self.release.clone(),
-                _permit: permit,
+                inbox: this.inbox,
+                _release: this.release.clone(),
             }),
             write: Box::new(UcxWrite {
-                key: self.key,
-                window: self.window,
-                cmd: self.cmd,
-                _release: self.release,
+                writer: this.writer,
+                _release: this.release,
             }),
         }
     }
 }
 
-/// Queues `chunks` for the driver and clears it: done once the lane's write window has room
-/// for them (they hold its permits until UCX is done with the buffers). A failure of the lane
-/// shows here as a closed window, and first of all to the lane's reader.
-async fn write(
-    cmd: &mpsc::UnboundedSender<Command>,
-    lane: LaneKey,
-    window: &Arc<Semaphore>,
-    chunks: &mut Vec<Bytes>,
-) -> io::Result<()> {
-    let bytes: usize = chunks.iter().map(Bytes::len).sum();
-    let kib = u32::try_from(bytes.div_ceil(1024))
-        .unwrap_or(u32::MAX)
-        .clamp(1, WRITE_WINDOW_KIB);
-    // Cancel safe: a dropped acquire takes no permit and queues nothing.
-    let permit = window
-        .clone()
-        .acquire_many_owned(kib)
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "the lane was closed"))?;
-    let chunks = std::mem::replace(chunks, Vec::with_capacity(chunks.capacity()));
-    if cmd
-        .send(Command::Write {
-            lane,
+impl Writer {
+    /// Queues `chunks` for the driver and empties it, once the lane's write window has room
+    /// for them (they hold its permits until UCX is done with the buffers). A failure of the
+    /// lane shows here as a closed window, and first of all to the lane's reader.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        if chunks.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let bytes: usize = chunks.iter().map(Bytes::len).sum();
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, WRITE_WINDOW_KIB);
+        let Some(permit) = ready!(self.window.poll_acquire_many(cx, kib)) else {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the lane was closed",
+            )));
+        };
+        let chunks = std::mem::replace(chunks, Vec::with_capacity(chunks.capacity()));
+        let write = Command::Write {
+            lane: self.key,
             chunks,
             permit,
-        })
-        .is_err()
-    {
-        return Err(stopped());
+        };
+        if self.cmd.send(write).is_err() {
+            return Poll::Ready(Err(stopped()));
+        }
+        Poll::Ready(Ok(()))
     }
-    Ok(())
-}
 
-async fn close(cmd: &mpsc::UnboundedSender<Command>, lane: LaneKey) -> io::Result<()> {
-    let (done, rx) = oneshot::channel();
-    if cmd.send(Command::Close { lane, done }).is_err() {
-        return Ok(()); // the driver stopped: every endpoint is closed already
+    /// Ends the lane in order (bounded by the driver's close timeout).
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.closing.is_none() {
+            let (done, rx) = oneshot::channel();
+            if self
+                .cmd
+                .send(Command::Close {
+                    lane: self.key,
+                    done,
+                })
+                .is_err()
+            {
+                return Poll::Ready(Ok(())); // the driver stopped: every endpoint is closed
+            }
+            self.closing = Some(rx);
+        }
+        let Some(rx) = self.closing.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        // A dropped reply means the driver stopped, which closed the endpoint too.
+        let _ = ready!(Pin::new(rx).poll(cx));
+        Poll::Ready(Ok(()))
     }
-    let _ = rx.await;
-    Ok(())
 }
 
 fn stopped() -> io::Error {
@@ -247,45 +275,31 @@ fn stopped() -> io::Error {
 
 struct UcxRead {
     inbox: Arc<Inbox>,
-    leftover: BytesMut,
     _release: Arc<Release>,
-    _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl LaneRead for UcxRead {
-    fn read<'a>(
-        &'a mut self,
-        buf: &'a mut BytesMut,
-    ) -> Pin<Box<dyn Future<Output = io::Result<usize>> + Send + 'a>> {
-        Box::pin(async move {
-            if !self.leftover.is_empty() {
-                let n = self.leftover.len();
-                buf.extend_from_slice(&self.leftover);
-                self.leftover.clear();
-                return Ok(n);
-            }
-            // Cancel safe: bytes leave the inbox only in the poll that returns them.
-            std::future::poll_fn(|cx| self.inbox.poll_read(cx, buf)).await
-        })
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        // Bytes leave the inbox only in the poll that returns them.
+        self.inbox.poll_read(cx, buf)
     }
 }
 
 struct UcxWrite {
-    key: LaneKey,
-    window: Arc<Semaphore>,
-    cmd: mpsc::UnboundedSender<Command>,
+    writer: Writer,
     _release: Arc<Release>,
 }
 
 impl LaneWrite for UcxWrite {
-    fn write<'a>(
-        &'a mut self,
-        chunks: &'a mut Vec<Bytes>,
-    ) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>> {
-        Box::pin(write(&self.cmd, self.key, &self.window, chunks))
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        self.writer.poll_write(cx, chunks)
     }
 
-    fn close<'a>(&'a mut self) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>> {
-        Box::pin(close(&self.cmd, self.key))
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.writer.poll_close(cx)
     }
 }

@@ -21,11 +21,6 @@ impl Counter {
 pub(crate) struct Counters {
     pub(crate) connections_accepted: Counter,
     pub(crate) connections_refused: Counter,
-    pub(crate) handshake_failures: Counter,
-    pub(crate) handshake_timeouts: Counter,
-    pub(crate) lanes_accepted: Counter,
-    pub(crate) lanes_dialed: Counter,
-    pub(crate) dial_failures: Counter,
     pub(crate) endpoint_errors: Counter,
     pub(crate) messages_sent: Counter,
     pub(crate) messages_received: Counter,
@@ -34,24 +29,16 @@ pub(crate) struct Counters {
     pub(crate) wakeups: Counter,
 }
 
-/// Counters of a UCX frontend or worker since it started.
+/// Counters of a UCX frontend's or worker's driver since it started (the handshake counters
+/// are velo-session's, the same for every transport).
 #[non_exhaustive]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UcxStats {
-    /// UCX connection requests accepted by the listener (frontend).
-    pub connections_accepted: u64,
-    /// Connection requests refused at the lane limit or with a full accept queue (frontend).
-    pub connections_refused: u64,
-    /// Lanes closed because their handshake was invalid, refused or cut short (frontend).
-    pub handshake_failures: u64,
-    /// Lanes closed because they sent no handshake in time (frontend).
-    pub handshake_timeouts: u64,
-    /// Lanes that completed their handshake (frontend).
-    pub lanes_accepted: u64,
-    /// Lanes dialed and handshaken (worker).
-    pub lanes_dialed: u64,
-    /// Lane dials that failed (worker).
-    pub dial_failures: u64,
+    /// UCX connection requests the listener accepted into the accept queue (frontend).
+    pub requests_accepted: u64,
+    /// Connection requests rejected because the accept queue was full or the listener was
+    /// stopping (frontend).
+    pub requests_rejected: u64,
     /// UCX endpoint errors (peer gone, connection reset, unreachable): each fails its lane.
     pub endpoint_errors: u64,
     /// Active messages sent.
@@ -69,13 +56,8 @@ pub struct UcxStats {
 impl Counters {
     pub(crate) fn snapshot(&self) -> UcxStats {
         UcxStats {
-            connections_accepted: self.connections_accepted.get(),
-            connections_refused: self.connections_refused.get(),
-            handshake_failures: self.handshake_failures.get(),
-            handshake_timeouts: self.handshake_timeouts.get(),
-            lanes_accepted: self.lanes_accepted.get(),
-            lanes_dialed: self.lanes_dialed.get(),
-            dial_failures: self.dial_failures.get(),
+            requests_accepted: self.connections_accepted.get(),
+            requests_rejected: self.connections_refused.get(),
             endpoint_errors: self.endpoint_errors.get(),
             messages_sent: self.messages_sent.get(),
             messages_received: self.messages_received.get(),

@@ -2,6 +2,7 @@
 //! bytes over a UCX lane without the handshake, to play a peer of another version or one that
 //! misbehaves.
 
+use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
+
+use velo_session::{LaneRead, LaneWrite};
 
 use crate::driver::{self, Command, Handle};
 use crate::lane::Lane;
@@ -54,7 +57,11 @@ impl RawEndpoint {
     ///
     /// When UCX refuses at once (most failures arrive later, on the lane).
     pub async fn connect(&self, addr: SocketAddr) -> Result<RawLane, String> {
-        self.handle.connect(addr).await.map(RawLane)
+        self.handle
+            .connect(addr)
+            .await
+            .map(RawLane)
+            .map_err(|e| e.to_string())
     }
 
     /// The next lane the listener connected.
@@ -75,7 +82,7 @@ impl RawLane {
     ///
     /// The lane failed.
     pub async fn read(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        self.0.read(buf).await
+        poll_fn(|cx| self.0.poll_read(cx, buf)).await
     }
 
     /// Sends `bytes` as one write.
@@ -84,7 +91,7 @@ impl RawLane {
     ///
     /// The lane failed.
     pub async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.0.write(&mut vec![Bytes::copy_from_slice(bytes)]).await
+        self.write_chunks(vec![Bytes::copy_from_slice(bytes)]).await
     }
 
     /// Sends `chunks` as one write.
@@ -92,8 +99,8 @@ impl RawLane {
     /// # Errors
     ///
     /// The lane failed.
-    pub async fn write_chunks(&mut self, chunks: Vec<Bytes>) -> io::Result<()> {
-        self.0.write(&mut { chunks }).await
+    pub async fn write_chunks(&mut self, mut chunks: Vec<Bytes>) -> io::Result<()> {
+        poll_fn(|cx| self.0.poll_write(cx, &mut chunks)).await
     }
 
     /// Ends the lane in order.
@@ -102,6 +109,6 @@ impl RawLane {
     ///
     /// Never in practice (kept for symmetry with the session's lanes).
     pub async fn close(&mut self) -> io::Result<()> {
-        self.0.close().await
+        poll_fn(|cx| self.0.poll_close(cx)).await
     }
 }

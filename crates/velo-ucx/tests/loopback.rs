@@ -53,13 +53,13 @@ async fn ucx_responses_use_four_lanes() {
         );
         receivers.push(r);
     }
-    assert_eq!(worker.stats().lanes_dialed, 4);
+    assert_eq!(worker.handshake_stats().lanes_dialed, 4);
     // The frontend counts a lane once attached, just after answering its handshake.
     eventually("four lanes accepted", || {
-        frontend.stats().lanes_accepted == 4
+        frontend.handshake_stats().lanes_accepted == 4
     })
     .await;
-    assert_eq!(frontend.stats().connections_accepted, 4);
+    assert_eq!(frontend.handshake_stats().connections_accepted, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +232,7 @@ async fn a_version_mismatch_is_refused_with_a_clear_error_on_both_sides() {
         close.reason,
         "unsupported protocol version 2: this side speaks version 3"
     );
-    assert_eq!(frontend.stats().handshake_failures, 1);
+    assert_eq!(frontend.handshake_stats().handshake_failures, 1);
 
     // A frontend of version 2 answering our worker.
     let mut fake = RawEndpoint::new(Some(loopback()), &ucx_config(), &tracker).unwrap();
@@ -303,7 +303,7 @@ async fn garbage_bytes_close_that_lane_and_the_listener_keeps_serving() {
         }
     });
     end.await;
-    assert_eq!(frontend.stats().handshake_failures, 1);
+    assert_eq!(frontend.handshake_stats().handshake_failures, 1);
     // Still serving.
     let worker = worker(&tracker);
     let mut s = within(
@@ -364,7 +364,7 @@ async fn a_peer_that_never_speaks_is_dropped_without_stalling_others() {
         Bytes::from_static(b"not stalled")
     );
     assert_eq!(
-        frontend.stats().handshake_timeouts,
+        frontend.handshake_stats().handshake_timeouts,
         0,
         "the other worker was served while the silent peer was still connected"
     );
@@ -372,7 +372,7 @@ async fn a_peer_that_never_speaks_is_dropped_without_stalling_others() {
     let close = read_close(&mut silent).await;
     assert_eq!(close.code, CloseCode::BAD_HANDSHAKE);
     assert!(t0.elapsed() >= cfg.handshake_timeout, "{:?}", t0.elapsed());
-    assert_eq!(frontend.stats().handshake_timeouts, 1);
+    assert_eq!(frontend.handshake_stats().handshake_timeouts, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,13 +493,13 @@ async fn concurrent_first_requests_share_one_preparation() {
         within("open", o).await.unwrap().unwrap();
     }
     assert_eq!(
-        worker.stats().lanes_dialed,
+        worker.handshake_stats().lanes_dialed,
         4,
         "one preparation of four lanes"
     );
     // The frontend counts a lane once attached, just after answering its handshake.
     eventually("four lanes accepted", || {
-        frontend.stats().lanes_accepted == 4
+        frontend.handshake_stats().lanes_accepted == 4
     })
     .await;
 }
@@ -520,21 +520,21 @@ async fn an_unreachable_frontend_fails_fast_and_retries_after_a_backoff() {
     let err = within("peer", worker.endpoint().peer(addr, id))
         .await
         .unwrap_err();
-    // Fast: UCX's endpoint error, not the handshake timeout (that would be `Timeout`).
-    assert!(matches!(err, ConnectError::Transport { .. }), "{err}");
-    let dials = worker.stats().dial_failures;
+    // Fast: UCX's endpoint error (an I/O error of the lane), not the handshake timeout.
+    assert!(matches!(err, ConnectError::Io { .. }), "{err}");
+    let dials = worker.handshake_stats().dial_failures;
     let err = within("peer", worker.endpoint().peer(addr, id))
         .await
         .unwrap_err();
     assert!(matches!(err, ConnectError::BackingOff { .. }), "{err}");
-    assert_eq!(worker.stats().dial_failures, dials);
+    assert_eq!(worker.handshake_stats().dial_failures, dials);
     // After the backoff (1 ms here): a real new attempt.
     let worker = worker_backing_off(Duration::from_millis(1));
     let err = within("peer", worker.endpoint().peer(addr, id))
         .await
         .unwrap_err();
-    assert!(matches!(err, ConnectError::Transport { .. }), "{err}");
-    let dials = worker.stats().dial_failures;
+    assert!(matches!(err, ConnectError::Io { .. }), "{err}");
+    let dials = worker.handshake_stats().dial_failures;
     let err = within("a new attempt after the backoff", async {
         loop {
             match worker.endpoint().peer(addr, id).await {
@@ -547,8 +547,8 @@ async fn an_unreachable_frontend_fails_fast_and_retries_after_a_backoff() {
     })
     .await
     .unwrap_err();
-    assert!(matches!(err, ConnectError::Transport { .. }), "{err}");
-    assert!(worker.stats().dial_failures > dials);
+    assert!(matches!(err, ConnectError::Io { .. }), "{err}");
+    assert!(worker.handshake_stats().dial_failures > dials);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -332,9 +332,11 @@ async fn idle_window(engine: velo_ucx::ProgressEngine) {
     // records) for a while.
     let counters = || {
         (
+            frontend.handshake_stats(),
+            worker.handshake_stats(),
+            frontend.endpoint().stats(),
             frontend.stats(),
             worker.stats(),
-            frontend.endpoint().stats(),
         )
     };
     within("the transport settles", async {

@@ -1,31 +1,32 @@
-//! An in-memory transport for velo-session: lanes are `tokio::io::duplex` pipes, the
-//! handshake is a direct call into the frontend endpoint, and the test can stall a side's
-//! reads (a peer that stopped reading) or sever a lane (the connection dropped), so every
-//! test runs under paused time without a socket.
+//! An in-memory transport for velo-session: lanes are `tokio::io::duplex` pipes, dialed by a
+//! [`Dialer`] and accepted by a [`LaneListener`], so every test runs the real handshake and
+//! accept loop under paused time without a socket. The test can stall a side's reads (a peer
+//! that stopped reading) or writes (a wedged process), end one side's reads (a FIN), or sever
+//! a lane (the connection dropped).
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
-use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::io::{AsyncWrite, DuplexStream, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
-use velo_mux::handshake::Expect;
 use velo_mux::{MuxConfig, MuxConfigBuilder, Side};
 use velo_session::{
-    Acceptor, ConnectError, Connector, FrontendEndpoint, FrontendSettings, IncomingStream, LaneIo,
-    LaneRead, LaneWrite, WorkerEndpoint, WorkerSettings,
+    AcceptSettings, Acceptor, Dialer, FrontendEndpoint, FrontendSettings, IncomingStream, LaneIo,
+    LaneListener, LaneRead, LaneWrite, RawLane, WorkerEndpoint, WorkerSettings,
 };
-use velo_wire::{CloseCode, Hello, InstanceId, Token};
+use velo_wire::{CloseCode, InstanceId, Token};
 
 /// Every wait in these tests is bounded by this much virtual time.
 pub const BOUND: Duration = Duration::from_secs(60);
@@ -57,23 +58,78 @@ pub async fn still_pending<T>(what: &str, f: Pin<&mut impl Future<Output = T>>) 
     }
 }
 
-/// Opens and closes a gate that a lane side's reader waits on: closed, the side stops
-/// reading, as a wedged or SIGSTOPped peer does, and the pipe fills up behind it.
-#[derive(Clone)]
-pub struct Gate(Arc<watch::Sender<bool>>);
+/// Waits until `cond` holds, checking every few milliseconds of virtual time; fails the test
+/// after [`BOUND`]. For state that another task updates after the event the test observed.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(DIAL_TIME).await;
+        }
+    })
+    .await;
+}
 
-impl Gate {
-    pub fn open() -> Self {
-        Self(Arc::new(watch::Sender::new(true)))
+/// A switch the test flips and lane halves wait on (poll-based, like the lanes).
+#[derive(Clone, Default)]
+pub struct Signal(Arc<SignalInner>);
+
+#[derive(Default)]
+struct SignalInner {
+    on: AtomicBool,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Signal {
+    pub fn on() -> Self {
+        let s = Self::default();
+        s.set(true);
+        s
     }
 
-    pub fn set(&self, open: bool) {
-        self.0.send_replace(open);
+    pub fn set(&self, on: bool) {
+        self.0.on.store(on, Ordering::SeqCst);
+        for w in self.0.wakers.lock().unwrap().drain(..) {
+            w.wake();
+        }
     }
 
-    async fn wait_open(rx: &mut watch::Receiver<bool>) {
-        // Cancel safe: `wait_for` only reads the channel.
-        let _ = rx.wait_for(|open| *open).await;
+    /// Turns the signal on for good (severing a lane, ending a side's reads).
+    pub fn cancel(&self) {
+        self.set(true);
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.0.on.load(Ordering::SeqCst)
+    }
+
+    /// Ready once the signal is `on`; registers the task otherwise.
+    fn poll_until(&self, cx: &mut Context<'_>, on: bool) -> Poll<()> {
+        if self.is_on() == on {
+            return Poll::Ready(());
+        }
+        self.register(cx);
+        if self.is_on() == on {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Whether the signal is on, registering the task to hear when it changes.
+    fn poll_on(&self, cx: &mut Context<'_>) -> bool {
+        if self.is_on() {
+            return true;
+        }
+        self.register(cx);
+        self.is_on()
+    }
+
+    /// Registers the task once (a lane half polls its signals on every read and write).
+    fn register(&self, cx: &mut Context<'_>) {
+        let mut wakers = self.0.wakers.lock().unwrap();
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
     }
 }
 
@@ -81,32 +137,32 @@ impl Gate {
 #[derive(Clone)]
 pub struct LaneHandle {
     /// Severs both directions: reads end, writes fail (a connection reset).
-    pub sever: CancellationToken,
+    pub sever: Signal,
     /// Whether the frontend side reads.
-    pub frontend_reads: Gate,
+    pub frontend_reads: Signal,
     /// Whether the worker side reads.
-    pub worker_reads: Gate,
-    /// Whether the frontend side's writes go through (closed: they wait, as a SIGSTOPped
+    pub worker_reads: Signal,
+    /// Whether the frontend side's writes go through (off: they wait, as a SIGSTOPped
     /// process's would).
-    pub frontend_writes: Gate,
+    pub frontend_writes: Signal,
     /// Whether the worker side's writes go through.
-    pub worker_writes: Gate,
+    pub worker_writes: Signal,
     /// Ends the worker side's reads (a FIN from the frontend), leaving its writes as they are.
-    pub worker_eof: CancellationToken,
+    pub worker_eof: Signal,
     /// Ends the frontend side's reads, leaving its writes as they are.
-    pub frontend_eof: CancellationToken,
+    pub frontend_eof: Signal,
 }
 
 impl LaneHandle {
     fn new() -> Self {
         Self {
-            sever: CancellationToken::new(),
-            frontend_reads: Gate::open(),
-            worker_reads: Gate::open(),
-            frontend_writes: Gate::open(),
-            worker_writes: Gate::open(),
-            worker_eof: CancellationToken::new(),
-            frontend_eof: CancellationToken::new(),
+            sever: Signal::default(),
+            frontend_reads: Signal::on(),
+            worker_reads: Signal::on(),
+            frontend_writes: Signal::on(),
+            worker_writes: Signal::on(),
+            worker_eof: Signal::default(),
+            frontend_eof: Signal::default(),
         }
     }
 
@@ -117,74 +173,6 @@ impl LaneHandle {
     }
 }
 
-struct MemRead {
-    read: ReadHalf<DuplexStream>,
-    gate: watch::Receiver<bool>,
-    sever: CancellationToken,
-    eof: CancellationToken,
-}
-
-impl LaneRead for MemRead {
-    fn read<'a>(
-        &'a mut self,
-        buf: &'a mut BytesMut,
-    ) -> Pin<Box<dyn Future<Output = io::Result<usize>> + Send + 'a>> {
-        Box::pin(async move {
-            // Cancel safe: both waits lose nothing, and `read_buf` reads nothing if dropped.
-            tokio::select! {
-                () = async {
-                    Gate::wait_open(&mut self.gate).await;
-                } => {}
-                () = self.sever.cancelled() => return Ok(0),
-                () = self.eof.cancelled() => return Ok(0),
-            }
-            tokio::select! {
-                r = self.read.read_buf(buf) => r,
-                () = self.sever.cancelled() => Ok(0),
-                () = self.eof.cancelled() => Ok(0),
-            }
-        })
-    }
-}
-
-struct MemWrite {
-    write: WriteHalf<DuplexStream>,
-    gate: watch::Receiver<bool>,
-    sever: CancellationToken,
-}
-
-impl LaneWrite for MemWrite {
-    fn write<'a>(
-        &'a mut self,
-        chunks: &'a mut Vec<Bytes>,
-    ) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>> {
-        Box::pin(async move {
-            let write = async {
-                Gate::wait_open(&mut self.gate).await;
-                for chunk in chunks.iter() {
-                    self.write.write_all(chunk).await?;
-                }
-                Ok(())
-            };
-            let r = tokio::select! {
-                r = write => r,
-                () = self.sever.cancelled() => Err(io::ErrorKind::ConnectionReset.into()),
-            };
-            chunks.clear();
-            r
-        })
-    }
-
-    fn close<'a>(&'a mut self) -> Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>> {
-        Box::pin(async move {
-            tokio::select! {
-                r = self.write.shutdown() => r,
-                () = self.sever.cancelled() => Err(io::ErrorKind::ConnectionReset.into()),
-            }
-        })
-    }
-}
-
 /// Which end of a lane.
 #[derive(Clone, Copy)]
 enum End {
@@ -192,52 +180,192 @@ enum End {
     Frontend,
 }
 
-fn lane_io(stream: DuplexStream, h: &LaneHandle, end: End) -> LaneIo {
-    let (read, write) = tokio::io::split(stream);
-    let (reads, writes, eof) = match end {
-        End::Worker => (&h.worker_reads, &h.worker_writes, &h.worker_eof),
-        End::Frontend => (&h.frontend_reads, &h.frontend_writes, &h.frontend_eof),
-    };
-    LaneIo {
-        read: Box::new(MemRead {
-            read,
-            gate: reads.0.subscribe(),
-            sever: h.sever.clone(),
-            eof: eof.clone(),
-        }),
-        write: Box::new(MemWrite {
-            write,
-            gate: writes.0.subscribe(),
-            sever: h.sever.clone(),
-        }),
-    }
+/// One end of an in-memory lane.
+struct MemLane {
+    read: ReadHalf<DuplexStream>,
+    write: WriteHalf<DuplexStream>,
+    reads: Signal,
+    writes: Signal,
+    eof: Signal,
+    sever: Signal,
 }
 
-/// Hands incoming streams to the test.
-pub struct Inbox(pub mpsc::Sender<IncomingStream>);
-
-impl Acceptor for Inbox {
-    fn accept(&self, incoming: IncomingStream) {
-        if let Err(e) = self.0.try_send(incoming) {
-            panic!("test inbox full: {e}");
+impl MemLane {
+    fn new(stream: DuplexStream, h: &LaneHandle, end: End) -> Self {
+        let (read, write) = tokio::io::split(stream);
+        let (reads, writes, eof) = match end {
+            End::Worker => (&h.worker_reads, &h.worker_writes, &h.worker_eof),
+            End::Frontend => (&h.frontend_reads, &h.frontend_writes, &h.frontend_eof),
+        };
+        Self {
+            read,
+            write,
+            reads: reads.clone(),
+            writes: writes.clone(),
+            eof: eof.clone(),
+            sever: h.sever.clone(),
         }
     }
 }
 
-/// The worker's connector over in-memory lanes to any of the frontends it knows, with a
-/// switch that makes dials fail and a record of every lane it made.
-pub struct MemConnector {
-    frontends: Mutex<Vec<FrontendEndpoint>>,
+struct MemRead {
+    read: ReadHalf<DuplexStream>,
+    reads: Signal,
+    eof: Signal,
+    sever: Signal,
+}
+
+struct MemWrite {
+    write: WriteHalf<DuplexStream>,
+    writes: Signal,
+    sever: Signal,
+}
+
+fn poll_read(
+    read: &mut ReadHalf<DuplexStream>,
+    (reads, eof, sever): (&Signal, &Signal, &Signal),
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    if sever.poll_on(cx) || eof.poll_on(cx) {
+        return Poll::Ready(Ok(0));
+    }
+    if reads.poll_until(cx, true).is_pending() {
+        return Poll::Pending;
+    }
+    tokio_util::io::poll_read_buf(Pin::new(read), cx, buf)
+}
+
+fn poll_write(
+    write: &mut WriteHalf<DuplexStream>,
+    (writes, sever): (&Signal, &Signal),
+    cx: &mut Context<'_>,
+    chunks: &mut Vec<Bytes>,
+) -> Poll<io::Result<()>> {
+    loop {
+        if sever.poll_on(cx) {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        if writes.poll_until(cx, true).is_pending() {
+            return Poll::Pending;
+        }
+        let Some(first) = chunks.first_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let n = std::task::ready!(Pin::new(&mut *write).poll_write(cx, first))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        first.advance(n);
+        if first.is_empty() {
+            chunks.remove(0);
+        }
+    }
+}
+
+fn poll_close(
+    write: &mut WriteHalf<DuplexStream>,
+    sever: &Signal,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    if sever.poll_on(cx) {
+        return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+    }
+    Pin::new(write).poll_shutdown(cx)
+}
+
+impl LaneRead for MemLane {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        poll_read(
+            &mut self.read,
+            (&self.reads, &self.eof, &self.sever),
+            cx,
+            buf,
+        )
+    }
+}
+
+impl LaneWrite for MemLane {
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        poll_write(&mut self.write, (&self.writes, &self.sever), cx, chunks)
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        poll_close(&mut self.write, &self.sever, cx)
+    }
+}
+
+impl RawLane for MemLane {
+    fn into_io(self: Box<Self>) -> LaneIo {
+        let this = *self;
+        LaneIo {
+            read: Box::new(MemRead {
+                read: this.read,
+                reads: this.reads,
+                eof: this.eof,
+                sever: this.sever.clone(),
+            }),
+            write: Box::new(MemWrite {
+                write: this.write,
+                writes: this.writes,
+                sever: this.sever,
+            }),
+        }
+    }
+}
+
+impl LaneRead for MemRead {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        poll_read(
+            &mut self.read,
+            (&self.reads, &self.eof, &self.sever),
+            cx,
+            buf,
+        )
+    }
+}
+
+impl LaneWrite for MemWrite {
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        poll_write(&mut self.write, (&self.writes, &self.sever), cx, chunks)
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        poll_close(&mut self.write, &self.sever, cx)
+    }
+}
+
+/// A frontend's end of the in-memory network: the lanes workers dial to its address.
+pub struct MemListener(mpsc::UnboundedReceiver<Box<dyn RawLane>>);
+
+impl LaneListener for MemListener {
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Box<dyn RawLane>>>> {
+        self.0.poll_recv(cx).map(|lane| lane.map(Ok))
+    }
+}
+
+/// The in-memory network: addresses served by frontends, dials that can be made to fail, and
+/// a record of every lane dialed.
+pub struct MemNet {
+    listeners: Mutex<HashMap<SocketAddr, mpsc::UnboundedSender<Box<dyn RawLane>>>>,
     dials: AtomicUsize,
     dialed: Mutex<Vec<SocketAddr>>,
     failing: AtomicBool,
     lanes: Mutex<Vec<LaneHandle>>,
 }
 
-impl MemConnector {
+impl MemNet {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
-            frontends: Mutex::new(Vec::new()),
+            listeners: Mutex::new(HashMap::new()),
             dials: AtomicUsize::new(0),
             dialed: Mutex::new(Vec::new()),
             failing: AtomicBool::new(false),
@@ -245,11 +373,30 @@ impl MemConnector {
         })
     }
 
-    /// Makes `frontend` reachable (replacing one with the same instance id).
+    /// Makes `frontend` reachable at [`addr()`] (replacing whoever served it).
     pub fn serve(&self, frontend: &FrontendEndpoint) {
-        let mut all = self.frontends.lock().unwrap();
-        all.retain(|f| f.instance() != frontend.instance());
-        all.push(frontend.clone());
+        self.serve_at(addr(), frontend);
+    }
+
+    /// Makes `frontend` reachable at `at` too: its accept loop takes the lanes dialed there.
+    pub fn serve_at(&self, at: SocketAddr, frontend: &FrontendEndpoint) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        frontend.accept(MemListener(rx), AcceptSettings::default());
+        self.listeners.lock().unwrap().insert(at, tx);
+    }
+
+    /// A lane to whoever serves `at`, whose worker end the test drives by hand.
+    pub fn raw(&self, at: SocketAddr) -> (DuplexStream, LaneHandle) {
+        let (worker_end, frontend_end) = tokio::io::duplex(PIPE_BYTES);
+        let handle = LaneHandle::new();
+        let lane: Box<dyn RawLane> = Box::new(MemLane::new(frontend_end, &handle, End::Frontend));
+        let listeners = self.listeners.lock().unwrap();
+        let to = listeners.get(&at).expect("someone serves the address");
+        assert!(
+            to.send(lane).is_ok(),
+            "the frontend's accept loop is running"
+        );
+        (worker_end, handle)
     }
 
     /// Lane dials attempted so far.
@@ -272,66 +419,30 @@ impl MemConnector {
         self.lanes.lock().unwrap().clone()
     }
 
-    fn dial(
-        &self,
-        addr: SocketAddr,
-        hello: &Hello,
-        expect: Expect,
-    ) -> Result<(Hello, LaneIo), ConnectError> {
+    fn connect(&self, at: SocketAddr) -> io::Result<Box<dyn RawLane>> {
         self.dials.fetch_add(1, Ordering::SeqCst);
-        self.dialed.lock().unwrap().push(addr);
-        let refused = |reason: &str| ConnectError::Io {
-            addr: addr.to_string(),
-            source: Arc::new(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                reason.to_owned(),
-            )),
-        };
+        self.dialed.lock().unwrap().push(at);
+        let refused = |why: &str| io::Error::new(io::ErrorKind::ConnectionRefused, why.to_owned());
         if self.failing.load(Ordering::SeqCst) {
             return Err(refused("dials fail (test switch)"));
         }
-        let frontend = self
-            .frontends
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|f| Some(f.instance()) == expect.peer_instance)
-            .cloned()
-            .ok_or_else(|| refused("no such frontend"))?;
-        let answer = frontend.answer(hello).map_err(|e| ConnectError::Refused {
-            addr: addr.to_string(),
-            code: e.close_code(),
-            reason: e.to_string(),
-        })?;
-        expect
-            .check(&answer)
-            .map_err(|source| ConnectError::Handshake {
-                addr: addr.to_string(),
-                source,
-            })?;
+        let listeners = self.listeners.lock().unwrap();
+        let to = listeners
+            .get(&at)
+            .ok_or_else(|| refused("nobody serves the address"))?;
         let (worker_end, frontend_end) = tokio::io::duplex(PIPE_BYTES);
         let handle = LaneHandle::new();
-        frontend
-            .attach_lane(hello, lane_io(frontend_end, &handle, End::Frontend))
-            .map_err(|e| ConnectError::Refused {
-                addr: addr.to_string(),
-                code: e.close_code(),
-                reason: e.to_string(),
-            })?;
-        let io = lane_io(worker_end, &handle, End::Worker);
-        self.lanes.lock().unwrap().push(handle);
-        Ok((answer, io))
+        let frontend_lane = Box::new(MemLane::new(frontend_end, &handle, End::Frontend));
+        to.send(frontend_lane)
+            .map_err(|_| refused("the frontend stopped accepting"))?;
+        self.lanes.lock().unwrap().push(handle.clone());
+        Ok(Box::new(MemLane::new(worker_end, &handle, End::Worker)))
     }
 }
 
-impl Connector for MemConnector {
-    fn connect_lane(
-        &self,
-        addr: SocketAddr,
-        hello: Hello,
-        expect: Expect,
-    ) -> BoxFuture<'static, Result<(Hello, LaneIo), ConnectError>> {
-        let r = self.dial(addr, &hello, expect);
+impl Dialer for MemNet {
+    fn dial(&self, at: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>> {
+        let r = self.connect(at);
         async move {
             // A dial takes a moment, so concurrent first requests overlap as they do on a
             // network.
@@ -342,16 +453,27 @@ impl Connector for MemConnector {
     }
 }
 
+/// Hands incoming streams to the test.
+pub struct Inbox(pub mpsc::Sender<IncomingStream>);
+
+impl Acceptor for Inbox {
+    fn accept(&self, incoming: IncomingStream) {
+        if let Err(e) = self.0.try_send(incoming) {
+            panic!("test inbox full: {e}");
+        }
+    }
+}
+
 /// A frontend and a worker joined by in-memory lanes.
 pub struct World {
     pub tracker: TaskTracker,
     pub frontend: FrontendEndpoint,
     pub inbox: mpsc::Receiver<IncomingStream>,
     pub worker: WorkerEndpoint,
-    pub connector: Arc<MemConnector>,
+    pub connector: Arc<MemNet>,
 }
 
-/// The address the worker dials; the in-memory connector ignores it.
+/// The address the worker dials.
 pub fn addr() -> SocketAddr {
     "127.0.0.1:9".parse().unwrap()
 }
@@ -370,17 +492,25 @@ pub fn frontend(
     mux: MuxConfig,
 ) -> (FrontendEndpoint, mpsc::Receiver<IncomingStream>) {
     let (tx, rx) = mpsc::channel(1024);
+    (frontend_with(tracker, mux, Arc::new(Inbox(tx))), rx)
+}
+
+/// A frontend endpoint handing its streams to `acceptor`.
+pub fn frontend_with(
+    tracker: &TaskTracker,
+    mux: MuxConfig,
+    acceptor: Arc<dyn Acceptor>,
+) -> FrontendEndpoint {
     let settings = FrontendSettings {
         mux,
         read_buffer: velo_session::DEFAULT_READ_BUFFER,
     };
-    let endpoint = FrontendEndpoint::new(
+    FrontendEndpoint::new(
         settings,
         velo_session::new_instance_id(),
-        Arc::new(Inbox(tx)),
+        acceptor,
         tracker.clone(),
-    );
-    (endpoint, rx)
+    )
 }
 
 impl World {
@@ -396,14 +526,9 @@ impl World {
     ) -> Self {
         let tracker = TaskTracker::new();
         let (frontend, inbox) = frontend(&tracker, frontend_config(frontend_mux));
-        let connector = MemConnector::new();
+        let connector = MemNet::new();
         connector.serve(&frontend);
-        let settings = WorkerSettings {
-            mux: worker_config(worker_mux),
-            backoff: velo_session::Backoff::default(),
-            read_buffer: velo_session::DEFAULT_READ_BUFFER,
-            prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
-        };
+        let settings = WorkerSettings::new(worker_config(worker_mux));
         let worker = WorkerEndpoint::new(settings, connector.clone(), tracker.clone());
         Self {
             tracker,
@@ -448,34 +573,4 @@ pub const SHUTTING_DOWN: CloseCode = CloseCode::SHUTTING_DOWN;
 /// The instance id of nobody.
 pub fn unknown_instance() -> InstanceId {
     velo_session::new_instance_id()
-}
-
-/// Waits until `cond` holds, checking after every millisecond of virtual time; fails the test
-/// after [`BOUND`]. For state that another task updates after the event the test observed.
-pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    within(what, async {
-        while !cond() {
-            tokio::time::sleep(DIAL_TIME).await;
-        }
-    })
-    .await;
-}
-
-/// A lane from a hand-driven "worker" to `frontend`: the handshake is done, and the test
-/// holds the worker's end of the pipe to write whatever bytes it likes (and to read, or not).
-pub fn raw_lane(frontend: &FrontendEndpoint) -> (DuplexStream, LaneHandle) {
-    let hello = worker_config(|b| b.lanes(1)).hello(
-        0,
-        velo_session::new_instance_id(),
-        frontend.instance(),
-    );
-    frontend
-        .answer(&hello)
-        .expect("the frontend takes the lane");
-    let (worker_end, frontend_end) = tokio::io::duplex(PIPE_BYTES);
-    let handle = LaneHandle::new();
-    frontend
-        .attach_lane(&hello, lane_io(frontend_end, &handle, End::Frontend))
-        .expect("the lane attaches");
-    (worker_end, handle)
 }

@@ -37,7 +37,7 @@ pub fn loopback() -> SocketAddr {
 /// own, so that no other test races a short one on a loaded machine.
 pub fn tcp_config() -> TcpConfig {
     TcpConfig {
-        handshake_timeout: velo_tcp::DEFAULT_HANDSHAKE_TIMEOUT,
+        handshake_timeout: velo_session::DEFAULT_HANDSHAKE_TIMEOUT,
         ..TcpConfig::default()
     }
 }

@@ -37,7 +37,7 @@ use crate::config::check_transports;
 use crate::lane::{Inbox, Lane};
 use crate::reorder::Reorder;
 use crate::stats::Counters;
-use crate::sys::{self, EpId, Worker};
+use crate::sys::{self, EpId, Status, Worker};
 use crate::{ProgressEngine, UcxConfig, UcxError};
 
 /// Commands run per pass before UCX is progressed again.
@@ -60,7 +60,7 @@ pub(crate) enum Command {
     /// Dial `addr`: a new lane (its failures arrive on the lane).
     Connect {
         addr: SocketAddr,
-        reply: oneshot::Sender<Result<Lane, String>>,
+        reply: oneshot::Sender<Result<Lane, ConnectFailure>>,
     },
     /// Send `chunks` on `lane`, in order; `permit` (of the lane's write window) is released
     /// when UCX is done with them.
@@ -117,12 +117,12 @@ impl Handle {
     }
 
     /// Dials a lane to `addr`.
-    pub(crate) async fn connect(&self, addr: SocketAddr) -> Result<Lane, String> {
+    pub(crate) async fn connect(&self, addr: SocketAddr) -> Result<Lane, ConnectFailure> {
         let (reply, rx) = oneshot::channel();
         if !self.send(Command::Connect { addr, reply }) {
-            return Err(STOPPED.to_owned());
+            return Err(ConnectFailure::Stopped);
         }
-        rx.await.unwrap_or_else(|_| Err(STOPPED.to_owned()))
+        rx.await.unwrap_or(Err(ConnectFailure::Stopped))
     }
 }
 
@@ -135,7 +135,16 @@ pub(crate) struct Running {
     pub(crate) accepted: Option<mpsc::Receiver<Lane>>,
 }
 
-const STOPPED: &str = "the UCX transport has stopped";
+/// Why the driver could not start a lane to a frontend.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectFailure {
+    /// The driver has stopped (the transport is shutting down).
+    #[error("the UCX transport has stopped")]
+    Stopped,
+    /// UCX refused to create the endpoint.
+    #[error("cannot connect to {addr} with UCX: {status}")]
+    Ucx { addr: SocketAddr, status: Status },
+}
 
 /// Checks the UCX installation and settings, creates the worker (and listener) and starts the
 /// driver on `tracker` or a thread of its own, as `cfg.engine` says.

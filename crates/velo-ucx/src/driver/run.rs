@@ -134,11 +134,11 @@ impl Driver {
         match c {
             Command::Connect { addr, reply } => {
                 let r = if self.shutting_down {
-                    Err(STOPPED.to_owned())
+                    Err(ConnectFailure::Stopped)
                 } else {
                     match self.worker.connect(addr) {
-                        Ok(ep) => self.add_lane(ep).ok_or_else(|| STOPPED.to_owned()),
-                        Err(s) => Err(format!("cannot connect to {addr} with UCX: {s}")),
+                        Ok(ep) => self.add_lane(ep).ok_or(ConnectFailure::Stopped),
+                        Err(status) => Err(ConnectFailure::Ucx { addr, status }),
                     }
                 };
                 let _ = reply.send(r);
@@ -347,7 +347,8 @@ impl Drop for Driver {
         // Every lane still here ends with an error its reader reports (exactly once, through
         // the mux); the worker (declared last) then closes the endpoints.
         for e in self.lanes.iter_mut().filter_map(Option::take) {
-            e.inbox.end(End::Failed(STOPPED.to_owned()));
+            e.inbox
+                .end(End::Failed(ConnectFailure::Stopped.to_string()));
             e.window.close();
             if let Some(c) = e.closing {
                 let _ = c.done.send(());
