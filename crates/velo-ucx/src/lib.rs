@@ -94,8 +94,6 @@ mod connector;
 #[cfg(feature = "ucx")]
 mod driver;
 #[cfg(feature = "ucx")]
-mod handshake;
-#[cfg(feature = "ucx")]
 mod lane;
 #[cfg(feature = "ucx")]
 mod listener;
@@ -107,8 +105,8 @@ mod sys;
 pub mod testing;
 
 pub use config::{
-    DEFAULT_CLOSE_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_LANE_QUEUE_BYTES, ProgressEngine, UcxConfig,
+    DEFAULT_CLOSE_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_LANE_QUEUE_BYTES, ProgressEngine,
+    UcxConfig,
 };
 pub use error::UcxError;
 pub use message::MAX_MESSAGE_BYTES;
@@ -125,11 +123,11 @@ mod transport {
     use std::net::SocketAddr;
     use std::sync::Arc;
 
-    use tokio_util::sync::CancellationToken;
     use tokio_util::task::TaskTracker;
     use velo_mux::MuxConfig;
     use velo_session::{
-        Acceptor, FrontendEndpoint, FrontendSettings, WorkerEndpoint, WorkerSettings,
+        AcceptSettings, Accepting, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
+        WorkerEndpoint, WorkerSettings,
     };
     use velo_wire::InstanceId;
 
@@ -139,11 +137,10 @@ mod transport {
     /// A frontend listening for worker lanes over UCX.
     pub struct UcxFrontend {
         endpoint: FrontendEndpoint,
+        accepting: Accepting,
         local_addr: SocketAddr,
         counters: Arc<stats::Counters>,
         handle: Handle,
-        stop: CancellationToken,
-        accept_done: CancellationToken,
     }
 
     impl UcxFrontend {
@@ -197,30 +194,21 @@ mod transport {
                 mux,
                 read_buffer: cfg.read_buffer,
             };
-            let endpoint = FrontendEndpoint::new(settings, instance, acceptor, tracker.clone());
-            let stop = CancellationToken::new();
-            let accept_done = CancellationToken::new();
-            let accept = listener::Accept {
-                lanes,
-                endpoint: endpoint.clone(),
-                cfg,
-                counters: counters.clone(),
-                tracker: tracker.clone(),
-                stop: stop.clone(),
-            };
-            let done = accept_done.clone();
-            tracker.spawn(async move {
-                listener::accept_loop(accept).await;
-                done.cancel();
-            });
+            let endpoint = FrontendEndpoint::new(settings, instance, acceptor, tracker);
+            let accepting = endpoint.accept(
+                listener::UcxLaneListener(lanes),
+                AcceptSettings {
+                    handshake_timeout: cfg.handshake_timeout,
+                    max_connections: cfg.max_connections,
+                },
+            );
             tracing::debug!(%local_addr, %instance, "ucx frontend listening");
             Ok(Self {
                 endpoint,
+                accepting,
                 local_addr,
                 counters,
                 handle: running.handle,
-                stop,
-                accept_done,
             })
         }
 
@@ -239,7 +227,12 @@ mod transport {
             &self.endpoint
         }
 
-        /// The transport's counters.
+        /// The handshake counters of every lane accepted.
+        pub fn handshake_stats(&self) -> HandshakeStats {
+            self.accepting.stats()
+        }
+
+        /// The UCX driver's counters.
         pub fn stats(&self) -> UcxStats {
             self.counters.snapshot()
         }
@@ -248,10 +241,10 @@ mod transport {
         /// every lane gracefully (a CLOSE frame each), and lets the driver stop once the last
         /// lane has closed. Lane tasks and the driver end on their own; wait on the tracker.
         pub async fn shutdown(&self) {
-            self.stop.cancel();
-            self.accept_done.cancelled().await;
+            self.accepting.shutdown().await;
             let (done, stopped) = tokio::sync::oneshot::channel();
             if self.handle.send(Command::StopListening { done }) {
+                // A dropped reply means the driver stopped, which stops listening too.
                 let _ = stopped.await;
             }
             self.endpoint.close();
@@ -261,7 +254,7 @@ mod transport {
         /// Stops everything at once: no more accepts, every lane's tasks end now, every UCX
         /// endpoint is force-closed and the driver stops.
         pub fn abort(&self) {
-            self.stop.cancel();
+            self.accepting.stop();
             self.endpoint.abort();
             self.handle.send(Command::Abort);
         }
@@ -286,18 +279,16 @@ mod transport {
             let counters = Arc::new(stats::Counters::default());
             let running = driver::start(&cfg, None, counters.clone(), &tracker)?;
             let settings = WorkerSettings {
-                mux,
                 backoff: cfg.backoff,
                 read_buffer: cfg.read_buffer,
-                prepare_timeout: velo_session::DEFAULT_PREPARE_TIMEOUT,
-            };
-            let connector = Arc::new(connector::UcxConnector {
-                handle: running.handle.clone(),
                 handshake_timeout: cfg.handshake_timeout,
-                counters: counters.clone(),
+                ..WorkerSettings::new(mux)
+            };
+            let dialer = Arc::new(connector::UcxDialer {
+                handle: running.handle.clone(),
             });
             Ok(Self {
-                endpoint: WorkerEndpoint::new(settings, connector, tracker),
+                endpoint: WorkerEndpoint::new(settings, dialer, tracker),
                 counters,
                 handle: running.handle,
             })
@@ -308,7 +299,12 @@ mod transport {
             &self.endpoint
         }
 
-        /// The transport's counters.
+        /// The handshake counters of every lane dialed.
+        pub fn handshake_stats(&self) -> HandshakeStats {
+            self.endpoint.handshake_stats()
+        }
+
+        /// The UCX driver's counters.
         pub fn stats(&self) -> UcxStats {
             self.counters.snapshot()
         }
