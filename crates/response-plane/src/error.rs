@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use velo_session::StreamError;
 
 /// A worker's typed reason for refusing a request, carried in its error prologue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -163,5 +164,22 @@ impl ResponseError {
         Self::Disconnected {
             reason: format!("stream ended before generation completed ({detail})"),
         }
+    }
+}
+
+/// What a velo stream operation's failure means to the response plane (the one place where
+/// session errors become `ResponseError`s).
+pub(crate) fn stream_error(e: StreamError) -> ResponseError {
+    use velo_mux::StreamEnd;
+    match e {
+        StreamError::Closed(StreamEnd::Cancelled(_)) => {
+            ResponseError::Cancelled { graceful: false }
+        }
+        StreamError::Closed(end) => ResponseError::ended_early(end),
+        StreamError::TooLarge { len, max } => ResponseError::TooLarge { len, max },
+        StreamError::Open(e) => ResponseError::Unreachable {
+            reason: e.to_string(),
+        },
+        other => ResponseError::ended_early(other),
     }
 }

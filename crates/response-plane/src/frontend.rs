@@ -14,6 +14,7 @@ use crate::classic::ClassicFrontend;
 use crate::info::{self, StreamAddress, hex_token};
 use crate::registry::{Arrival, Registry};
 use crate::stats::PlaneStats;
+use crate::velo::{self, FrontendTransport, RegistryAcceptor};
 use crate::{
     Codec, ConnectionInfo, Plane, ResponseError, ResponsePlaneConfig, ResponseStream, StartError,
     prologue,
@@ -69,10 +70,7 @@ struct Inner {
 
 enum Transport {
     Classic(ClassicFrontend),
-    #[cfg(feature = "tcp")]
-    VeloTcp(velo_tcp::TcpFrontend),
-    #[cfg(feature = "ucx")]
-    VeloUcx(velo_ucx::UcxFrontend),
+    Velo(Box<dyn FrontendTransport>),
 }
 
 impl FrontendPlane {
@@ -89,76 +87,27 @@ impl FrontendPlane {
         let refused = Arc::new(AtomicU64::new(0));
         let bind_ip = config.host.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let bind = SocketAddr::new(bind_ip, config.port);
-        let bind_err = |source: std::io::Error| StartError::Bind {
-            addr: bind,
-            source: Arc::new(source),
-        };
-        let (transport, local, instance) = match (config.plane, config.transport) {
-            (Plane::Tcp, _) => {
+        let (transport, local, instance) = match config.plane {
+            Plane::Tcp => {
                 let (max, liveness) = (config.max_message_size, config.idle_timeout);
                 let f = ClassicFrontend::bind(bind, registry.clone(), max, liveness, tracker)
                     .await
-                    .map_err(bind_err)?;
+                    .map_err(|source| StartError::Bind {
+                        addr: bind,
+                        source: Arc::new(source),
+                    })?;
                 let local = f.local_addr;
-                (
-                    Transport::Classic(f),
-                    local,
-                    velo_session::new_instance_id(),
-                )
+                let instance = velo_session::new_instance_id();
+                (Transport::Classic(f), local, instance)
             }
-            #[cfg(feature = "tcp")]
-            (Plane::Velo, crate::VeloTransport::Tcp) => {
-                let acceptor = Arc::new(crate::velo::RegistryAcceptor {
+            Plane::Velo => {
+                let acceptor = Arc::new(RegistryAcceptor {
                     registry: registry.clone(),
                     refused: refused.clone(),
                 });
-                let f = velo_tcp::TcpFrontend::bind(
-                    bind,
-                    crate::mux_config(&config, velo_mux::Side::Frontend)?,
-                    tcp_config(&config),
-                    acceptor,
-                    tracker,
-                )
-                .await
-                .map_err(bind_err)?;
-                let (local, id) = (f.local_addr(), f.instance());
-                (Transport::VeloTcp(f), local, id)
-            }
-            #[cfg(not(feature = "tcp"))]
-            (Plane::Velo, crate::VeloTransport::Tcp) => {
-                return Err(StartError::NotCompiled(
-                    "velo over tcp needs the `tcp` feature",
-                ));
-            }
-            #[cfg(feature = "ucx")]
-            (Plane::Velo, crate::VeloTransport::Ucx) => {
-                let acceptor = Arc::new(crate::velo::RegistryAcceptor {
-                    registry: registry.clone(),
-                    refused: refused.clone(),
-                });
-                let f = velo_ucx::UcxFrontend::bind(
-                    bind,
-                    crate::mux_config(&config, velo_mux::Side::Frontend)?,
-                    ucx_config(&config),
-                    acceptor,
-                    tracker,
-                )
-                .await
-                .map_err(|e| match e {
-                    velo_ucx::UcxError::Listen { .. } => bind_err(std::io::Error::new(
-                        std::io::ErrorKind::AddrInUse,
-                        e.to_string(),
-                    )),
-                    e => StartError::Transport(e.to_string()),
-                })?;
-                let (local, id) = (f.local_addr(), f.instance());
-                (Transport::VeloUcx(f), local, id)
-            }
-            #[cfg(not(feature = "ucx"))]
-            (Plane::Velo, crate::VeloTransport::Ucx) => {
-                return Err(StartError::NotCompiled(
-                    "velo over ucx needs the `ucx` feature",
-                ));
+                let f = velo::bind_frontend(&config, bind, acceptor, tracker).await?;
+                let (local, instance) = (f.local_addr(), f.endpoint().instance());
+                (Transport::Velo(f), local, instance)
             }
         };
         let advertise = SocketAddr::new(config.host.unwrap_or_else(routable_ip), local.port());
@@ -199,12 +148,12 @@ impl FrontendPlane {
             token: hex_token(&token),
             codec: opts.codec,
         };
-        let transport = match self.inner.transport {
+        let transport = match &self.inner.transport {
             Transport::Classic(_) => info::CLASSIC,
-            #[cfg(feature = "tcp")]
-            Transport::VeloTcp(_) => info::VELO_TCP,
-            #[cfg(feature = "ucx")]
-            Transport::VeloUcx(_) => info::VELO_UCX,
+            Transport::Velo(_) => match self.inner.config.transport {
+                crate::VeloTransport::Tcp => info::VELO_TCP,
+                crate::VeloTransport::Ucx => info::VELO_UCX,
+            },
         };
         let pending = PendingResponse {
             plane: self.inner.clone(),
@@ -249,10 +198,7 @@ impl FrontendPlane {
         };
         match &self.inner.transport {
             Transport::Classic(f) => s.streams_refused += f.refused.load(Ordering::Relaxed),
-            #[cfg(feature = "tcp")]
-            Transport::VeloTcp(f) => s.add_velo(&f.endpoint().stats(), &f.stats()),
-            #[cfg(feature = "ucx")]
-            Transport::VeloUcx(f) => s.add_velo_ucx(&f.endpoint().stats(), &f.handshake_stats()),
+            Transport::Velo(f) => s.add_velo(&f.endpoint().stats(), &f.handshake_stats()),
         }
         s
     }
@@ -264,57 +210,23 @@ impl FrontendPlane {
         self.inner.registry.close();
         match &self.inner.transport {
             Transport::Classic(f) => f.shutdown().await,
-            #[cfg(feature = "tcp")]
-            Transport::VeloTcp(f) => f.shutdown().await,
-            #[cfg(feature = "ucx")]
-            Transport::VeloUcx(f) => f.shutdown().await,
+            Transport::Velo(f) => f.shutdown().await,
         }
     }
 
     /// Stops every connection at once (the grace period ran out).
     pub fn abort(&self) {
         self.inner.registry.close();
-        #[cfg(feature = "tcp")]
-        if let Transport::VeloTcp(f) = &self.inner.transport {
-            f.abort();
-        }
-        #[cfg(feature = "ucx")]
-        if let Transport::VeloUcx(f) = &self.inner.transport {
+        if let Transport::Velo(f) = &self.inner.transport {
             f.abort();
         }
     }
 
     /// Tells every worker this frontend takes no new streams; open ones finish.
     pub fn go_away(&self) {
-        #[cfg(feature = "tcp")]
-        if let Transport::VeloTcp(f) = &self.inner.transport {
+        if let Transport::Velo(f) = &self.inner.transport {
             f.endpoint().go_away();
         }
-        #[cfg(feature = "ucx")]
-        if let Transport::VeloUcx(f) = &self.inner.transport {
-            f.endpoint().go_away();
-        }
-    }
-}
-
-/// The TCP settings of the plane: the transport's defaults, with the lanes' sockets giving
-/// up on a vanished peer within the configured idle timeout.
-#[cfg(feature = "tcp")]
-pub(crate) fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
-    velo_tcp::TcpConfig {
-        liveness: Some(c.idle_timeout),
-        ..velo_tcp::TcpConfig::default()
-    }
-}
-
-/// The UCX settings of the plane: UCX's defaults, with the transports and devices the
-/// configuration names.
-#[cfg(feature = "ucx")]
-pub(crate) fn ucx_config(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfig {
-    velo_ucx::UcxConfig {
-        tls: c.ucx_tls.clone(),
-        net_devices: c.ucx_net_devices.clone(),
-        ..velo_ucx::UcxConfig::default()
     }
 }
 

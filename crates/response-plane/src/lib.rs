@@ -60,7 +60,10 @@
 //! ```
 
 // Built with no velo transport, only the classic plane runs and the velo adapters sit unused.
-#![cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "tcp", feature = "ucx")),
+    allow(dead_code, unused_imports)
+)]
 
 mod classic;
 mod codec;
@@ -109,11 +112,17 @@ pub enum StartError {
         source: Arc<std::io::Error>,
     },
     /// The configured transport is not compiled into this build.
-    #[error("{0}: rebuild with that cargo feature")]
-    NotCompiled(&'static str),
-    /// The transport failed to initialise (for example UCX).
-    #[error("transport initialisation failed: {0}")]
-    Transport(String),
+    #[error("{what} is not compiled in: rebuild with the `{feature}` cargo feature")]
+    NotCompiled {
+        /// The plane and transport asked for.
+        what: &'static str,
+        /// The cargo feature that provides it.
+        feature: &'static str,
+    },
+    /// The UCX transport failed to initialise (its installation, configuration or address).
+    #[cfg(feature = "ucx")]
+    #[error("cannot start the UCX transport: {0}")]
+    Ucx(#[source] velo_ucx::UcxError),
     /// A setting is out of the range the transport accepts.
     #[error("invalid setting: {0}")]
     Setting(String),

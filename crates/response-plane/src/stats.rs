@@ -69,18 +69,7 @@ impl PlaneStats {
         )
     }
 
-    #[cfg(feature = "tcp")]
     pub(crate) fn add_velo(&mut self, m: &velo_mux::MuxStats, t: &velo_session::HandshakeStats) {
-        self.add_mux(m);
-        self.handshake_failures += t.handshake_failures + t.handshake_timeouts + t.dial_failures;
-    }
-
-    #[cfg(feature = "ucx")]
-    pub(crate) fn add_velo_ucx(
-        &mut self,
-        m: &velo_mux::MuxStats,
-        t: &velo_session::HandshakeStats,
-    ) {
         self.add_mux(m);
         self.handshake_failures += t.handshake_failures + t.handshake_timeouts + t.dial_failures;
     }

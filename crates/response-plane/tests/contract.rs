@@ -433,6 +433,11 @@ async fn ten_thousand_concurrent_streams_all_complete(plane: Under) {
     assert_eq!(frontend.pending(), 0);
 }
 
+/// Classic connections the helper process has in setup at once: each waits in the
+/// frontend's accept queue, and a loaded machine's accept loop is slow, so a deep burst would
+/// run into the classic plane's connect timeout (3 s).
+const CONNECTS_IN_FLIGHT: usize = 256;
+
 /// The worker process of `ten_thousand_concurrent_streams_all_complete`: streams to every
 /// address in the file it is given, then keeps flushing until its stdin ends (the test closes
 /// it once every stream arrived). Does nothing unless started by that test.
@@ -455,7 +460,7 @@ fn worker_process_helper() {
         let mut writers = Vec::new();
         // Streams are all open at once; only the connect calls are paced (the classic plane's
         // connection-per-stream bursts would otherwise overflow the accept queue).
-        let connecting = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
+        let connecting = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTS_IN_FLIGHT));
         for (n, line) in infos.lines().enumerate() {
             let info: ConnectionInfo = serde_json::from_str(line).unwrap();
             let n = u32::try_from(n).unwrap();
@@ -786,10 +791,7 @@ async fn ucx_that_cannot_initialise_is_a_startup_error() {
     let err = FrontendPlane::bind(c.clone(), tracker.clone())
         .await
         .unwrap_err();
-    assert!(
-        matches!(err, response_plane::StartError::Transport(_)),
-        "{err}"
-    );
+    assert!(matches!(err, response_plane::StartError::Ucx(_)), "{err}");
     assert!(
         err.to_string().contains("UCX initialisation failed"),
         "{err}"

@@ -1,5 +1,4 @@
-//! The velo plane's adapters: the registry as the session layer's `Acceptor`, and the
-//! transports behind it.
+//! The registry as velo-session's `Acceptor`: each OPEN goes to its registration.
 
 use std::sync::Arc;
 

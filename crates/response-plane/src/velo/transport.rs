@@ -1,0 +1,206 @@
+//! The velo transports behind one interface: the `cfg` attributes of the velo plane live
+//! here and nowhere else.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio_util::task::TaskTracker;
+use velo_session::{Acceptor, FrontendEndpoint, HandshakeStats, WorkerEndpoint};
+
+use crate::{ResponsePlaneConfig, StartError, VeloTransport};
+
+/// A listening velo frontend, whatever carries its lanes.
+pub(crate) trait FrontendTransport: Send + Sync + 'static {
+    /// The velo-session endpoint: connections, mux counters, go-away, close.
+    fn endpoint(&self) -> &FrontendEndpoint;
+    /// Where workers connect.
+    fn local_addr(&self) -> SocketAddr;
+    /// The handshake counters of every lane accepted.
+    fn handshake_stats(&self) -> HandshakeStats;
+    /// Stops accepting, closes every lane gracefully and lets the transport wind down.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+    /// Stops everything at once.
+    fn abort(&self);
+}
+
+/// A velo worker, whatever carries its lanes.
+pub(crate) trait WorkerTransport: Send + Sync + 'static {
+    /// The velo-session endpoint: connections, streams, flush.
+    fn endpoint(&self) -> &WorkerEndpoint;
+    /// The handshake counters of every lane dialed.
+    fn handshake_stats(&self) -> HandshakeStats;
+    /// Closes every connection (a CLOSE each) and lets the transport wind down.
+    fn close(&self);
+    /// Stops every connection at once.
+    fn abort(&self);
+}
+
+/// Binds a velo frontend on `addr` over the configured transport.
+///
+/// # Errors
+///
+/// [`StartError::NotCompiled`] for a transport this build lacks; the transport's bind or
+/// initialisation failure.
+#[cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(unused_variables))]
+pub(crate) async fn bind_frontend(
+    config: &ResponsePlaneConfig,
+    addr: SocketAddr,
+    acceptor: Arc<dyn Acceptor>,
+    tracker: TaskTracker,
+) -> Result<Box<dyn FrontendTransport>, StartError> {
+    let mux = crate::mux_config(config, velo_mux::Side::Frontend)?;
+    match config.transport {
+        #[cfg(feature = "tcp")]
+        VeloTransport::Tcp => {
+            let f = velo_tcp::TcpFrontend::bind(addr, mux, tcp_config(config), acceptor, tracker)
+                .await
+                .map_err(|e| StartError::Bind {
+                    addr,
+                    source: Arc::new(e),
+                })?;
+            Ok(Box::new(f))
+        }
+        #[cfg(feature = "ucx")]
+        VeloTransport::Ucx => {
+            let f = velo_ucx::UcxFrontend::bind(addr, mux, ucx_config(config), acceptor, tracker)
+                .await
+                .map_err(StartError::Ucx)?;
+            Ok(Box::new(f))
+        }
+        #[allow(unreachable_patterns)] // every transport compiled in
+        other => Err(not_compiled(other)),
+    }
+}
+
+/// Starts a velo worker over `transport`.
+///
+/// # Errors
+///
+/// [`StartError::NotCompiled`] for a transport this build lacks; the transport's
+/// initialisation failure.
+#[cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(unused_variables))]
+pub(crate) fn start_worker(
+    config: &ResponsePlaneConfig,
+    transport: VeloTransport,
+    tracker: TaskTracker,
+) -> Result<Arc<dyn WorkerTransport>, StartError> {
+    let mux = crate::mux_config(config, velo_mux::Side::Worker)?;
+    match transport {
+        #[cfg(feature = "tcp")]
+        VeloTransport::Tcp => Ok(Arc::new(velo_tcp::TcpWorker::new(
+            mux,
+            tcp_config(config),
+            tracker,
+        ))),
+        #[cfg(feature = "ucx")]
+        VeloTransport::Ucx => {
+            let w = velo_ucx::UcxWorker::new(mux, ucx_config(config), tracker)
+                .map_err(StartError::Ucx)?;
+            Ok(Arc::new(w))
+        }
+        #[allow(unreachable_patterns)] // every transport compiled in
+        other => Err(not_compiled(other)),
+    }
+}
+
+fn not_compiled(transport: VeloTransport) -> StartError {
+    StartError::NotCompiled {
+        what: match transport {
+            VeloTransport::Tcp => "velo over tcp",
+            VeloTransport::Ucx => "velo over ucx",
+        },
+        feature: transport.name(),
+    }
+}
+
+/// The TCP settings of the plane: the transport's defaults, with the lanes' sockets giving
+/// up on a vanished peer within the configured idle timeout.
+#[cfg(feature = "tcp")]
+fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
+    velo_tcp::TcpConfig {
+        liveness: Some(c.idle_timeout),
+        ..velo_tcp::TcpConfig::default()
+    }
+}
+
+/// The UCX settings of the plane: UCX's defaults, with the transports and devices the
+/// configuration names.
+#[cfg(feature = "ucx")]
+fn ucx_config(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfig {
+    velo_ucx::UcxConfig {
+        tls: c.ucx_tls.clone(),
+        net_devices: c.ucx_net_devices.clone(),
+        ..velo_ucx::UcxConfig::default()
+    }
+}
+
+#[cfg(feature = "tcp")]
+impl FrontendTransport for velo_tcp::TcpFrontend {
+    fn endpoint(&self) -> &FrontendEndpoint {
+        self.endpoint()
+    }
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr()
+    }
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.stats()
+    }
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.shutdown())
+    }
+    fn abort(&self) {
+        self.abort();
+    }
+}
+
+#[cfg(feature = "ucx")]
+impl FrontendTransport for velo_ucx::UcxFrontend {
+    fn endpoint(&self) -> &FrontendEndpoint {
+        self.endpoint()
+    }
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr()
+    }
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.handshake_stats()
+    }
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.shutdown())
+    }
+    fn abort(&self) {
+        self.abort();
+    }
+}
+
+#[cfg(feature = "tcp")]
+impl WorkerTransport for velo_tcp::TcpWorker {
+    fn endpoint(&self) -> &WorkerEndpoint {
+        self.endpoint()
+    }
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.stats()
+    }
+    fn close(&self) {
+        self.close();
+    }
+    fn abort(&self) {
+        self.abort();
+    }
+}
+
+#[cfg(feature = "ucx")]
+impl WorkerTransport for velo_ucx::UcxWorker {
+    fn endpoint(&self) -> &WorkerEndpoint {
+        self.endpoint()
+    }
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.handshake_stats()
+    }
+    fn close(&self) {
+        self.close();
+    }
+    fn abort(&self) {
+        self.abort();
+    }
+}

@@ -1,0 +1,232 @@
+//! The worker's plane: opening response streams from their addresses. The sender's state
+//! machine is in `sender.rs`, the engine's view of cancellation in `context.rs`.
+
+mod context;
+mod sender;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use serde::Serialize;
+use tokio_util::task::TaskTracker;
+use velo_session::Peer;
+
+pub use context::StreamContext;
+pub use sender::ResponseSender;
+
+use crate::classic::ClassicDialer;
+use crate::info::{self, StreamAddress};
+use crate::stats::PlaneStats;
+use crate::velo::{self, WorkerTransport};
+use crate::{
+    ConnectionInfo, Plane, ResponseError, ResponsePlaneConfig, StartError, TypedError,
+    VeloTransport,
+};
+use sender::Kind;
+
+/// A worker's response plane: opens the response stream of each request it serves.
+#[derive(Clone)]
+pub struct WorkerPlane {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ResponsePlaneConfig,
+    tracker: TaskTracker,
+    /// Created on first use, per velo transport: the configured one, or another one only to
+    /// send a frontend on another plane its mismatch error.
+    velo: [OnceLock<Result<Arc<dyn WorkerTransport>, StartError>>; 2],
+    classic: ClassicDialer,
+    setup_failures: AtomicU64,
+    opened: AtomicU64,
+}
+
+impl WorkerPlane {
+    /// A worker plane as `config` says; connections are made on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`] when the configured transport cannot be set up in this build.
+    pub fn new(config: ResponsePlaneConfig, tracker: TaskTracker) -> Result<Self, StartError> {
+        let classic = ClassicDialer::new(
+            config.max_message_size,
+            config.idle_timeout,
+            tracker.clone(),
+        );
+        let plane = Self {
+            inner: Arc::new(Inner {
+                config,
+                tracker,
+                velo: [OnceLock::new(), OnceLock::new()],
+                classic,
+                setup_failures: AtomicU64::new(0),
+                opened: AtomicU64::new(0),
+            }),
+        };
+        // Set the configured transport up now, so a broken one fails at startup.
+        if plane.inner.config.plane == Plane::Velo {
+            plane.velo_worker(plane.inner.config.transport)?;
+        }
+        Ok(plane)
+    }
+
+    /// The plane this worker is configured for.
+    pub fn plane(&self) -> Plane {
+        self.inner.config.plane
+    }
+
+    /// Prepares the response stream addressed by `info` (connecting to its frontend once per
+    /// frontend instance on the velo plane, dialing a connection on the classic one). Send
+    /// the prologue next.
+    ///
+    /// # Errors
+    ///
+    /// `PlaneMismatch` when the frontend uses another plane (it is sent an error prologue
+    /// saying so, and the request should not be served); `Unreachable` when the frontend
+    /// cannot be reached; `InvalidConnectionInfo`. Each counts as a setup failure.
+    pub async fn connect<T: Serialize>(
+        &self,
+        info: &ConnectionInfo,
+    ) -> Result<ResponseSender<T>, ResponseError> {
+        let r = self.connect_inner(info).await;
+        match &r {
+            Ok(_) => self.inner.opened.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.inner.setup_failures.fetch_add(1, Ordering::Relaxed),
+        };
+        r
+    }
+
+    async fn connect_inner<T: Serialize>(
+        &self,
+        info: &ConnectionInfo,
+    ) -> Result<ResponseSender<T>, ResponseError> {
+        let (requested, transport) = match info.transport.as_str() {
+            info::CLASSIC => (Plane::Tcp, None),
+            info::VELO_TCP => (Plane::Velo, Some(VeloTransport::Tcp)),
+            info::VELO_UCX => (Plane::Velo, Some(VeloTransport::Ucx)),
+            other => {
+                return Err(ResponseError::InvalidConnectionInfo {
+                    reason: format!("unknown transport {other:?}"),
+                });
+            }
+        };
+        let address = StreamAddress::parse(info)?;
+        let mut sender = match transport {
+            None => {
+                let w = self.inner.classic.connect(&address).await?;
+                ResponseSender::new(Kind::Classic(w), address.codec)
+            }
+            Some(t) => {
+                let peer = self.velo_peer(t, &address).await?;
+                let (ticket, token) = (address.ticket, address.token()?);
+                ResponseSender::new(Kind::velo(peer, ticket, token), address.codec)
+            }
+        };
+        if requested != self.inner.config.plane {
+            let err = ResponseError::PlaneMismatch {
+                requested: requested.name().to_owned(),
+                configured: self.inner.config.plane.name().to_owned(),
+            };
+            let cause = TypedError::new("ResponsePlaneMismatch", err.to_string());
+            // Best effort: the frontend learns why; this request is not served either way.
+            if sender.send_prologue(Err(cause)).await.is_err() {
+                tracing::debug!("could not deliver the plane-mismatch prologue");
+            }
+            return Err(err);
+        }
+        Ok(sender)
+    }
+
+    async fn velo_peer(
+        &self,
+        transport: VeloTransport,
+        address: &StreamAddress,
+    ) -> Result<Peer, ResponseError> {
+        let instance = address.instance_id()?;
+        let worker = self
+            .velo_worker(transport)
+            .map_err(|e| ResponseError::Unreachable {
+                reason: e.to_string(),
+            })?;
+        worker
+            .endpoint()
+            .peer(address.addr, instance)
+            .await
+            .map_err(|e| ResponseError::Unreachable {
+                reason: e.to_string(),
+            })
+    }
+
+    /// The velo worker over `transport`, started on first use.
+    fn velo_worker(
+        &self,
+        transport: VeloTransport,
+    ) -> Result<&Arc<dyn WorkerTransport>, StartError> {
+        let slot = &self.inner.velo[transport as usize];
+        let w = slot.get_or_init(|| {
+            velo::start_worker(&self.inner.config, transport, self.inner.tracker.clone())
+        });
+        w.as_ref().map_err(Clone::clone)
+    }
+
+    /// The velo workers started so far.
+    fn velo_workers(&self) -> impl Iterator<Item = &Arc<dyn WorkerTransport>> {
+        self.inner
+            .velo
+            .iter()
+            .filter_map(|slot| slot.get().and_then(|w| w.as_ref().ok()))
+    }
+
+    /// Flushes every connection's open batches now: call it once per engine forward pass so
+    /// batching adds no delay.
+    pub fn flush(&self) {
+        for w in self.velo_workers() {
+            w.endpoint().flush();
+        }
+    }
+
+    /// Counters of the plane and its transport.
+    pub fn stats(&self) -> PlaneStats {
+        let mut s = PlaneStats {
+            streams_established: self.inner.opened.load(Ordering::Relaxed),
+            stream_setup_failures: self.inner.setup_failures.load(Ordering::Relaxed),
+            cancellations: self.inner.classic.cancellations.load(Ordering::Relaxed),
+            ..PlaneStats::default()
+        };
+        for w in self.velo_workers() {
+            let mut mux = velo_mux::MuxStats::default();
+            for p in w.endpoint().peers() {
+                velo_session::add_stats(&mut mux, &p.stats());
+            }
+            s.add_velo(&mux, &w.handshake_stats());
+        }
+        s
+    }
+
+    /// Closes every connection (each lane sends CLOSE first); lane tasks end on their own.
+    /// Classic streams end at once: their engines see a kill, their connections close, and
+    /// their watcher tasks end. New streams fail afterwards.
+    pub fn close(&self) {
+        self.inner.classic.stop();
+        for w in self.velo_workers() {
+            w.close();
+        }
+    }
+
+    /// Stops every connection at once, classic streams' included (as in
+    /// [`close`](Self::close)), so every task on the tracker ends.
+    pub fn abort(&self) {
+        self.inner.classic.stop();
+        for w in self.velo_workers() {
+            w.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for WorkerPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPlane")
+            .field("plane", &self.inner.config.plane)
+            .finish()
+    }
+}
