@@ -70,6 +70,9 @@ mod codec;
 mod config;
 mod error;
 mod frontend;
+#[cfg(feature = "__fuzz")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod info;
 mod prologue;
 mod registry;

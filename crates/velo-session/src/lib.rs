@@ -30,6 +30,9 @@ mod clock;
 mod dial;
 mod error;
 mod frontend;
+#[cfg(feature = "__fuzz")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod io;
 mod peer;

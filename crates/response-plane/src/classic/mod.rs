@@ -7,7 +7,7 @@
 //! peer within the plane's liveness bound (`socket.rs`), and the worker's watcher tasks end
 //! when the plane closes or a while after their stream did.
 
-mod frame;
+pub(crate) mod frame;
 mod frontend;
 mod socket;
 mod worker;
