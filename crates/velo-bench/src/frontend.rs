@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::adapter::{BenchFrontend, BenchStream};
+use crate::protocol::FrontendLine;
 use crate::reqplane::Request;
 
 /// The load.
@@ -40,8 +40,8 @@ pub const BUCKET: Duration = Duration::from_millis(100);
 /// Most time-series buckets kept (one hour).
 const MAX_BUCKETS: usize = 36_000;
 
-/// What the frontend measured, printed as `RESULT <json>`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// What the frontend measured, said as [`FrontendLine::Result`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FrontendReport {
     /// Successful requests completed inside the window.
     pub requests: u64,
@@ -106,8 +106,17 @@ struct Stats {
     error_samples: Vec<String>,
 }
 
-/// Runs the load and prints, on stdout, `READY`, `WINDOW_START`, `WINDOW_MID`, `WINDOW_END`
-/// and finally `RESULT <json>` (the orchestrator samples CPU and sockets on those lines).
+/// When one request's stream reached each point, and the tokens it carried.
+struct Timings {
+    established: Instant,
+    first: Instant,
+    last: Instant,
+    tokens: u64,
+}
+
+/// Runs the load and says, on stdout, [`FrontendLine::Ready`], then `WindowStart`,
+/// `WindowMid` and `WindowEnd` (the orchestrator samples CPU and sockets on those lines); the
+/// role then says `Result` with the report returned.
 ///
 /// # Errors
 ///
@@ -117,31 +126,31 @@ pub async fn run<F: BenchFrontend>(
     opts: FrontendOpts,
 ) -> std::io::Result<FrontendReport> {
     let plane = Arc::new(plane);
-    let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
-    let shared = Arc::new(Shared {
-        phase: AtomicU8::new(WARMUP),
-        first_done: AtomicBool::new(false),
-        first_notify: Notify::new(),
-        stop: AtomicBool::new(false),
-        next_id: AtomicU64::new(0),
-        stats: Mutex::new(Stats {
-            ttft: hist(),
-            prologue: hist(),
-            latency: hist(),
-            itl: hist(),
-            requests: 0,
-            errors: 0,
-            tokens: 0,
-            series: Vec::new(),
-            error_samples: Vec::new(),
-        }),
-    });
-    let mut out = tokio::io::stdout();
-    say(&mut out, &format!("READY {}", plane.port())).await?;
+    let shared = Arc::new(Shared::new());
+    FrontendLine::Ready { port: plane.port() }.say().await?;
     let start = Instant::now();
+    let clients = spawn_clients(&plane, &shared, &opts, start);
+    wait_for_warm_up(&shared, start + opts.warmup).await;
+    let window_s = measure_window(&shared, opts.duration).await?;
+    shared.stop.store(true, Ordering::Release);
+    for c in clients {
+        // Clients in the middle of a request are not waited for: nothing they do now counts.
+        c.abort();
+    }
+    Ok(shared.stats().report(window_s))
+}
+
+/// Starts `opts.concurrency` closed-loop clients, spreading requests over every engine of
+/// every worker process.
+fn spawn_clients<F: BenchFrontend>(
+    plane: &Arc<F>,
+    shared: &Arc<Shared>,
+    opts: &FrontendOpts,
+    start: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let targets = u64::try_from(opts.worker_processes.max(1)).unwrap_or(1)
         * u64::from(opts.engines_per_process.max(1));
-    let clients: Vec<_> = (0..opts.concurrency)
+    (0..opts.concurrency)
         .map(|_| {
             tokio::spawn(client(
                 plane.clone(),
@@ -151,64 +160,143 @@ pub async fn run<F: BenchFrontend>(
                 targets,
             ))
         })
-        .collect();
-    tokio::time::sleep_until(start + opts.warmup).await;
+        .collect()
+}
+
+/// Waits until `until` (the warm-up's end) and until the first request has completed.
+async fn wait_for_warm_up(shared: &Shared, until: Instant) {
+    tokio::time::sleep_until(until).await;
     if !shared.first_done.load(Ordering::Acquire) {
         // `notify_one` keeps a permit: a completion before this wait is not missed.
         shared.first_notify.notified().await;
     }
-    shared.phase.store(WINDOW, Ordering::Release);
-    say(&mut out, "WINDOW_START").await?;
-    let window_start = Instant::now();
-    tokio::time::sleep(opts.duration / 2).await;
-    say(&mut out, "WINDOW_MID").await?;
-    tokio::time::sleep_until(window_start + opts.duration).await;
-    shared.phase.store(DONE, Ordering::Release);
-    let window_s = window_start.elapsed().as_secs_f64();
-    say(&mut out, "WINDOW_END").await?;
-    shared.stop.store(true, Ordering::Release);
-    for c in clients {
-        // Clients in the middle of a request are not waited for: nothing they do now counts.
-        c.abort();
-    }
-    let st = shared
-        .stats
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    let cdf = |h: &Histogram<u64>| -> Vec<(f64, f64)> {
-        if h.is_empty() {
-            return Vec::new();
-        }
-        (1..=200)
-            .map(|i| f64::from(i) / 200.0)
-            .map(|q| (ms(h, q.min(0.9999)), q))
-            .collect()
-    };
-    Ok(FrontendReport {
-        requests: st.requests,
-        errors: st.errors,
-        tokens: st.tokens,
-        window_s,
-        ttft_p50_ms: ms(&st.ttft, 0.5),
-        prologue_p50_ms: ms(&st.prologue, 0.5),
-        prologue_p99_ms: ms(&st.prologue, 0.99),
-        ttft_p99_ms: ms(&st.ttft, 0.99),
-        latency_p50_ms: ms(&st.latency, 0.5),
-        latency_p99_ms: ms(&st.latency, 0.99),
-        itl_mean_p50_ms: ms(&st.itl, 0.5),
-        itl_mean_p99_ms: ms(&st.itl, 0.99),
-        ttft_cdf: cdf(&st.ttft),
-        itl_cdf: cdf(&st.itl),
-        tokens_series: st.series.clone(),
-        error_samples: st.error_samples.clone(),
-    })
 }
 
-async fn say(out: &mut tokio::io::Stdout, line: &str) -> std::io::Result<()> {
-    out.write_all(line.as_bytes()).await?;
-    out.write_all(b"\n").await?;
-    out.flush().await
+/// Opens the measurement window, says where it starts, its middle and its end, and returns
+/// its length in seconds.
+async fn measure_window(shared: &Shared, duration: Duration) -> std::io::Result<f64> {
+    shared.phase.store(WINDOW, Ordering::Release);
+    FrontendLine::WindowStart.say().await?;
+    let window_start = Instant::now();
+    tokio::time::sleep(duration / 2).await;
+    FrontendLine::WindowMid.say().await?;
+    tokio::time::sleep_until(window_start + duration).await;
+    shared.phase.store(DONE, Ordering::Release);
+    let window_s = window_start.elapsed().as_secs_f64();
+    FrontendLine::WindowEnd.say().await?;
+    Ok(window_s)
+}
+
+impl Shared {
+    fn new() -> Self {
+        Self {
+            phase: AtomicU8::new(WARMUP),
+            first_done: AtomicBool::new(false),
+            first_notify: Notify::new(),
+            stop: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            stats: Mutex::new(Stats::new()),
+        }
+    }
+
+    fn phase(&self) -> u8 {
+        self.phase.load(Ordering::Acquire)
+    }
+
+    /// Wakes the window's start on the first completed request.
+    fn on_request_done(&self) {
+        if !self.first_done.load(Ordering::Relaxed) && !self.first_done.swap(true, Ordering::AcqRel)
+        {
+            self.first_notify.notify_one();
+        }
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Stats {
+    fn new() -> Self {
+        let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
+        Self {
+            ttft: hist(),
+            prologue: hist(),
+            latency: hist(),
+            itl: hist(),
+            requests: 0,
+            errors: 0,
+            tokens: 0,
+            series: Vec::new(),
+            error_samples: Vec::new(),
+        }
+    }
+
+    /// Counts one request sent at `t0` in phase `started` and finished in phase `finished`:
+    /// a success finished in the window counts as a request, the timings of one started in
+    /// the window are recorded, and a failure touching the window counts as an error.
+    fn record(&mut self, t0: Instant, outcome: Result<Timings, String>, started: u8, finished: u8) {
+        let (in_window, done_in_window) = (started == WINDOW, finished == WINDOW);
+        match outcome {
+            Ok(t) => {
+                if done_in_window {
+                    self.requests += 1;
+                }
+                if in_window {
+                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+                    let _ = self.ttft.record(us(t.first - t0));
+                    let _ = self.prologue.record(us(t.established - t0));
+                    let _ = self.latency.record(us(t.last - t0));
+                    if t.tokens > 1 {
+                        let gaps = u32::try_from(t.tokens - 1).unwrap_or(u32::MAX);
+                        let _ = self.itl.record(us((t.last - t.first) / gaps));
+                    }
+                }
+            }
+            Err(e) => {
+                if done_in_window || in_window {
+                    self.errors += 1;
+                    if self.error_samples.len() < 5 {
+                        self.error_samples.push(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The report of a window of `window_s` seconds.
+    fn report(&self, window_s: f64) -> FrontendReport {
+        let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let cdf = |h: &Histogram<u64>| -> Vec<(f64, f64)> {
+            if h.is_empty() {
+                return Vec::new();
+            }
+            (1..=200)
+                .map(|i| f64::from(i) / 200.0)
+                .map(|q| (ms(h, q.min(0.9999)), q))
+                .collect()
+        };
+        FrontendReport {
+            requests: self.requests,
+            errors: self.errors,
+            tokens: self.tokens,
+            window_s,
+            ttft_p50_ms: ms(&self.ttft, 0.5),
+            prologue_p50_ms: ms(&self.prologue, 0.5),
+            prologue_p99_ms: ms(&self.prologue, 0.99),
+            ttft_p99_ms: ms(&self.ttft, 0.99),
+            latency_p50_ms: ms(&self.latency, 0.5),
+            latency_p99_ms: ms(&self.latency, 0.99),
+            itl_mean_p50_ms: ms(&self.itl, 0.5),
+            itl_mean_p99_ms: ms(&self.itl, 0.99),
+            ttft_cdf: cdf(&self.ttft),
+            itl_cdf: cdf(&self.itl),
+            tokens_series: self.series.clone(),
+            error_samples: self.error_samples.clone(),
+        }
+    }
 }
 
 /// One closed-loop client.
@@ -235,7 +323,7 @@ async fn client<F: BenchFrontend>(
             u32::try_from(target % per).unwrap_or(0),
         );
         let t0 = Instant::now();
-        let in_window = shared.phase.load(Ordering::Acquire) == WINDOW;
+        let started = shared.phase();
         let outcome = one_request(
             &*plane,
             process,
@@ -248,42 +336,10 @@ async fn client<F: BenchFrontend>(
             bucket_of,
         )
         .await;
-        let done_in_window = shared.phase.load(Ordering::Acquire) == WINDOW;
-        if !shared.first_done.load(Ordering::Relaxed)
-            && !shared.first_done.swap(true, Ordering::AcqRel)
-        {
-            shared.first_notify.notify_one();
-        }
-        let mut st = shared
-            .stats
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match outcome {
-            Ok((established, first, last, n)) => {
-                if done_in_window {
-                    st.requests += 1;
-                }
-                if in_window {
-                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
-                    let _ = st.ttft.record(us(first - t0));
-                    let _ = st.prologue.record(us(established - t0));
-                    let _ = st.latency.record(us(last - t0));
-                    if n > 1 {
-                        let _ = st
-                            .itl
-                            .record(us((last - first) / u32::try_from(n - 1).unwrap_or(u32::MAX)));
-                    }
-                }
-            }
-            Err(e) => {
-                if done_in_window || in_window {
-                    st.errors += 1;
-                    if st.error_samples.len() < 5 {
-                        st.error_samples.push(e);
-                    }
-                }
-            }
-        }
+        let finished = shared.phase();
+        shared.on_request_done();
+        let mut st = shared.stats();
+        st.record(t0, outcome, started, finished);
         st.tokens += std::mem::take(&mut window_tokens);
         merge(&mut st.series, &mut series);
     }
@@ -299,8 +355,7 @@ fn merge(into: &mut Vec<u64>, from: &mut Vec<u64>) {
     from.clear();
 }
 
-/// Sends one request and reads its stream: (prologue time, first token time, last token time,
-/// tokens).
+/// Sends one request and reads its stream to the end.
 #[allow(clippy::too_many_arguments)]
 async fn one_request<F: BenchFrontend>(
     plane: &F,
@@ -312,7 +367,7 @@ async fn one_request<F: BenchFrontend>(
     series: &mut Vec<u64>,
     window_tokens: &mut u64,
     bucket_of: impl Fn(Instant) -> usize,
-) -> Result<(Instant, Instant, Instant, u64), String> {
+) -> Result<Timings, String> {
     let request = Request {
         id,
         worker: engine,
@@ -344,5 +399,10 @@ async fn one_request<F: BenchFrontend>(
     if n < u64::from(opts.osl) {
         return Err(format!("stream ended after {n} of {} tokens", opts.osl));
     }
-    Ok((established, first.unwrap_or(last), last, n))
+    Ok(Timings {
+        established,
+        first: first.unwrap_or(last),
+        last,
+        tokens: n,
+    })
 }

@@ -20,6 +20,7 @@ pub mod orchestrate;
 pub mod peers;
 pub mod plots;
 pub mod procfs;
+pub mod protocol;
 pub mod report;
 pub mod reqplane;
 pub mod roles;

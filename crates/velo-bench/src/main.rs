@@ -1,7 +1,7 @@
 //! `cargo run --release -p velo-bench`: compare response planes on a mock serving fleet.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser};
@@ -119,52 +119,92 @@ fn peer_bins(arms: &[Arm], profile: &str) -> Result<BTreeMap<PeerBin, PathBuf>, 
 
 fn orchestrate(a: RunArgs) -> Result<(), String> {
     let arms: Vec<Arm> = arms::select(&a.arms)?;
-    if a.concurrency == 0
-        || a.repeats == 0
-        || a.worker_processes == 0
-        || a.workers == 0
-        || a.osl == 0
-    {
-        return Err(
-            "--concurrency, --repeats, --workers, --worker-processes and --osl must be at least 1"
-                .into(),
-        );
-    }
-    if !(a.duration > 0.0 && a.warmup >= 0.0 && a.speedup > 0.0) {
-        return Err("--duration and --speedup must be positive, --warmup not negative".into());
-    }
+    a.check()?;
     let log_dir = std::env::temp_dir().join(format!("velo-bench-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
-    let peer_bins = peer_bins(&arms, &a.peers_profile)?;
-    let opts = RunOpts {
-        concurrency: a.concurrency,
-        duration: Duration::from_secs_f64(a.duration),
-        warmup: Duration::from_secs_f64(a.warmup),
-        workers: a.workers,
-        worker_processes: a.worker_processes,
-        isl: a.isl,
-        osl: a.osl,
-        speedup: a.speedup,
-        frontend_threads: a.frontend_threads,
-        pin: a.pin,
-        peer_bins,
-        log_dir: log_dir.clone(),
-    };
-    println!(
-        "velo-bench: concurrency {}, ISL {} / OSL {}, {} engines in {} worker processes, speedup {}, warm-up {} s, window {} s, {} repeat(s), frontend threads {}{}",
-        opts.concurrency,
-        opts.isl,
-        opts.osl,
-        opts.engines_per_process() * opts.worker_processes,
-        opts.worker_processes,
-        opts.speedup,
-        a.warmup,
-        a.duration,
-        a.repeats,
-        opts.frontend_threads,
-        if opts.pin { ", pinned" } else { "" }
-    );
-    let total = u64::from(a.repeats) * arms.len() as u64;
+    let opts = a.run_opts(peer_bins(&arms, &a.peers_profile)?, log_dir.clone());
+    println!("{}", a.banner(&opts));
+    let results = run_all(&arms, &opts, a.repeats)?;
+    let reports = arm_reports(&arms, &results);
+    velo_bench::report::print_table(&reports);
+    for r in reports.iter().filter(|r| !r.error_samples.is_empty()) {
+        eprintln!("{} errors, e.g.: {}", r.arm, r.error_samples.join(" | "));
+    }
+    if let Some(path) = &a.json {
+        write_json(path, &a, &opts, &arms, &reports)?;
+    }
+    if let Some(dir) = &a.plots {
+        write_plots(dir, &arms, &results)?;
+    }
+    let _ = std::fs::remove_dir_all(&log_dir);
+    Ok(())
+}
+
+impl RunArgs {
+    /// Rejects counts of zero and durations that are not positive.
+    fn check(&self) -> Result<(), String> {
+        if self.concurrency == 0
+            || self.repeats == 0
+            || self.worker_processes == 0
+            || self.workers == 0
+            || self.osl == 0
+        {
+            return Err(
+                "--concurrency, --repeats, --workers, --worker-processes and --osl must be at least 1"
+                    .into(),
+            );
+        }
+        if !(self.duration > 0.0 && self.warmup >= 0.0 && self.speedup > 0.0) {
+            return Err("--duration and --speedup must be positive, --warmup not negative".into());
+        }
+        Ok(())
+    }
+
+    /// How every arm is run.
+    fn run_opts(&self, peer_bins: BTreeMap<PeerBin, PathBuf>, log_dir: PathBuf) -> RunOpts {
+        RunOpts {
+            concurrency: self.concurrency,
+            duration: Duration::from_secs_f64(self.duration),
+            warmup: Duration::from_secs_f64(self.warmup),
+            workers: self.workers,
+            worker_processes: self.worker_processes,
+            isl: self.isl,
+            osl: self.osl,
+            speedup: self.speedup,
+            frontend_threads: self.frontend_threads,
+            pin: self.pin,
+            peer_bins,
+            log_dir,
+        }
+    }
+
+    /// The configuration line printed above the table.
+    fn banner(&self, opts: &RunOpts) -> String {
+        format!(
+            "velo-bench: concurrency {}, ISL {} / OSL {}, {} engines in {} worker processes, speedup {}, warm-up {} s, window {} s, {} repeat(s), frontend threads {}{}",
+            opts.concurrency,
+            opts.isl,
+            opts.osl,
+            opts.engines_per_process() * opts.worker_processes,
+            opts.worker_processes,
+            opts.speedup,
+            self.warmup,
+            self.duration,
+            self.repeats,
+            opts.frontend_threads,
+            if opts.pin { ", pinned" } else { "" }
+        )
+    }
+}
+
+/// Runs every arm `repeats` times, the repeats interleaved across arms, behind a progress
+/// bar; returns each arm's runs.
+fn run_all(
+    arms: &[Arm],
+    opts: &RunOpts,
+    repeats: u32,
+) -> Result<Vec<Vec<orchestrate::Run>>, String> {
+    let total = u64::from(repeats) * arms.len() as u64;
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
@@ -172,24 +212,23 @@ fn orchestrate(a: RunArgs) -> Result<(), String> {
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let mut results: Vec<Vec<orchestrate::Run>> = vec![Vec::new(); arms.len()];
-    for repeat in 0..a.repeats {
+    for repeat in 0..repeats {
         for (i, arm) in arms.iter().enumerate() {
-            bar.set_message(format!(
-                "{} (repeat {}/{})",
-                arm.name,
-                repeat + 1,
-                a.repeats
-            ));
-            let run = orchestrate::run_arm(arm, &opts, repeat)
+            bar.set_message(format!("{} (repeat {}/{})", arm.name, repeat + 1, repeats));
+            let run = orchestrate::run_arm(arm, opts, repeat)
                 .map_err(|e| format!("arm {}: {e}", arm.name))?;
             results[i].push(run);
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    let reports: Vec<ArmReport> = arms
-        .iter()
-        .zip(&results)
+    Ok(results)
+}
+
+/// Each arm's figures: every run's and their medians, and a few of its errors.
+fn arm_reports(arms: &[Arm], results: &[Vec<orchestrate::Run>]) -> Vec<ArmReport> {
+    arms.iter()
+        .zip(results)
         .map(|(arm, runs)| {
             let figures: Vec<Figures> = runs.iter().map(Figures::of).collect();
             ArmReport {
@@ -204,53 +243,57 @@ fn orchestrate(a: RunArgs) -> Result<(), String> {
                     .collect(),
             }
         })
+        .collect()
+}
+
+/// Writes the configuration and every arm's figures (each with the configuration) to `path`.
+fn write_json(
+    path: &Path,
+    a: &RunArgs,
+    opts: &RunOpts,
+    arms: &[Arm],
+    reports: &[ArmReport],
+) -> Result<(), String> {
+    let config = serde_json::json!({
+        "concurrency": opts.concurrency, "duration_s": a.duration, "warmup_s": a.warmup,
+        "workers": opts.engines_per_process() * opts.worker_processes, "worker_processes": opts.worker_processes,
+        "isl": opts.isl, "osl": opts.osl, "speedup": opts.speedup, "repeats": a.repeats,
+        "frontend_threads": opts.frontend_threads, "pin": opts.pin,
+        "peers_profile": a.peers_profile,
+        "arms": arms.iter().map(|a| a.name).collect::<Vec<_>>(),
+    });
+    let arms_json: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("config".into(), config.clone());
+            }
+            v
+        })
         .collect();
-    velo_bench::report::print_table(&reports);
-    for r in reports.iter().filter(|r| !r.error_samples.is_empty()) {
-        eprintln!("{} errors, e.g.: {}", r.arm, r.error_samples.join(" | "));
-    }
-    if let Some(path) = &a.json {
-        let config = serde_json::json!({
-            "concurrency": opts.concurrency, "duration_s": a.duration, "warmup_s": a.warmup,
-            "workers": opts.engines_per_process() * opts.worker_processes, "worker_processes": opts.worker_processes,
-            "isl": opts.isl, "osl": opts.osl, "speedup": opts.speedup, "repeats": a.repeats,
-            "frontend_threads": opts.frontend_threads, "pin": opts.pin,
-            "peers_profile": a.peers_profile,
-            "arms": arms.iter().map(|a| a.name).collect::<Vec<_>>(),
-        });
-        let arms_json: Vec<serde_json::Value> = reports
-            .iter()
-            .map(|r| {
-                let mut v = serde_json::to_value(r).unwrap_or_default();
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("config".into(), config.clone());
-                }
-                v
+    let doc = serde_json::json!({ "config": config, "arms": arms_json });
+    std::fs::write(
+        path,
+        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes the SVG plots of each arm's first run into `dir`.
+fn write_plots(dir: &Path, arms: &[Arm], results: &[Vec<orchestrate::Run>]) -> Result<(), String> {
+    let curves: Vec<plots::Curves<'_>> = arms
+        .iter()
+        .zip(results)
+        .filter_map(|(arm, runs)| {
+            let r = &runs.first()?.report;
+            Some(plots::Curves {
+                arm: arm.name,
+                ttft: &r.ttft_cdf,
+                itl: &r.itl_cdf,
+                tokens: &r.tokens_series,
             })
-            .collect();
-        let doc = serde_json::json!({ "config": config, "arms": arms_json });
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    if let Some(dir) = &a.plots {
-        let curves: Vec<plots::Curves<'_>> = arms
-            .iter()
-            .zip(&results)
-            .filter_map(|(arm, runs)| {
-                let r = &runs.first()?.report;
-                Some(plots::Curves {
-                    arm: arm.name,
-                    ttft: &r.ttft_cdf,
-                    itl: &r.itl_cdf,
-                    tokens: &r.tokens_series,
-                })
-            })
-            .collect();
-        plots::write(dir, &curves)?;
-    }
-    let _ = std::fs::remove_dir_all(&log_dir);
-    Ok(())
+        })
+        .collect();
+    plots::write(dir, &curves)
 }

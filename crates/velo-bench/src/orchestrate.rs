@@ -1,5 +1,5 @@
-//! Runs arms: fresh frontend and worker processes per run, sampled by the kernel's counters
-//! at the frontend's window markers; repeats interleaved across arms.
+//! Runs arms: fresh frontend and worker processes per run ([`crate::roles`]), sampled by the
+//! kernel's counters at the frontend's window lines ([`crate::protocol`]).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crate::arms::{Arm, Conns, PeerBin, Runner};
 use crate::frontend::FrontendReport;
 use crate::procfs;
+use crate::protocol::{FrontendLine, WorkerLine};
+use crate::roles::{FrontendArgs, Role, WorkerArgs};
 
 /// How every arm is run.
 #[derive(Debug, Clone)]
@@ -81,115 +83,187 @@ impl Drop for Children {
 ///
 /// A message saying which process failed, with its log's tail.
 pub fn run_arm(arm: &Arm, opts: &RunOpts, repeat: u32) -> Result<Run, String> {
-    let exe = match arm.runner {
-        Runner::Ours => std::env::current_exe().map_err(|e| e.to_string())?,
-        Runner::Peer(bin) => opts
-            .peer_bins
-            .get(&bin)
-            .cloned()
-            .ok_or_else(|| format!("the {} peer binary was not built", bin.binary))?,
-    };
+    let exe = executable(arm, opts)?;
     let log = |role: &str| {
         opts.log_dir
             .join(format!("{}-{repeat}-{role}.log", arm.name))
     };
     let mut children = Children(Vec::new());
-    let mut addrs = Vec::new();
-    for i in 0..opts.worker_processes.max(1) {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "worker",
-            "--arm",
-            arm.name,
-            "--engines",
-            &opts.engines_per_process().to_string(),
-        ])
-        .args(["--speedup", &opts.speedup.to_string()]);
-        if opts.pin {
-            cmd.args(["--cpu", "1"]);
-        }
-        let (child, lines) = spawn(cmd, &log(&format!("worker{i}")))?;
-        children.0.push(child);
-        let ready = next_line(&lines, Duration::from_secs(60), &log(&format!("worker{i}")))?;
-        let addr = ready
-            .strip_prefix("READY ")
-            .ok_or_else(|| format!("worker said {ready:?}, expected READY"))?;
-        addrs.push(addr.to_owned());
-    }
-    let worker_pids: Vec<u32> = children.0.iter().map(Child::id).collect();
-    let mut cmd = Command::new(&exe);
-    cmd.args(["frontend", "--arm", arm.name, "--workers", &addrs.join(",")])
-        .args([
-            "--engines-per-process",
-            &opts.engines_per_process().to_string(),
-        ])
-        .args([
-            "--concurrency",
-            &opts.concurrency.to_string(),
-            "--isl",
-            &opts.isl.to_string(),
-            "--osl",
-            &opts.osl.to_string(),
-        ])
-        .args([
-            "--warmup",
-            &opts.warmup.as_secs_f64().to_string(),
-            "--duration",
-            &opts.duration.as_secs_f64().to_string(),
-        ])
-        .args(["--threads", &opts.frontend_threads.to_string()]);
-    if opts.pin {
-        cmd.args(["--cpu", "0"]);
-    }
-    let flog = log("frontend");
-    let (child, lines) = spawn(cmd, &flog)?;
-    let frontend_pid = child.id();
-    children.0.push(child);
-    let sample = || {
-        (
-            procfs::cpu_seconds(frontend_pid),
-            worker_pids
-                .iter()
-                .map(|p| procfs::cpu_seconds(*p))
-                .sum::<f64>(),
-            procfs::sent_packets(),
-        )
+    let addresses = start_workers(&exe, arm, opts, log, &mut children)?;
+    let workers: Vec<u32> = children.0.iter().map(Child::id).collect();
+    let frontend = Role::Frontend(frontend_args(arm, opts, addresses));
+    let frontend_log = log("frontend");
+    let (child, lines) = spawn(&exe, &frontend, &frontend_log)?;
+    let fleet = Fleet {
+        conns: arm.conns,
+        frontend: child.id(),
+        workers,
     };
+    children.0.push(child);
     let deadline = opts.warmup + opts.duration + Duration::from_secs(60);
+    measure(&fleet, &lines, deadline, &frontend_log)
+}
+
+/// The binary that runs `arm`'s processes.
+fn executable(arm: &Arm, opts: &RunOpts) -> Result<PathBuf, String> {
+    match arm.runner {
+        Runner::Ours => std::env::current_exe().map_err(|e| e.to_string()),
+        Runner::Peer(bin) => opts
+            .peer_bins
+            .get(&bin)
+            .cloned()
+            .ok_or_else(|| format!("the {} peer binary was not built", bin.binary)),
+    }
+}
+
+/// Starts the worker processes one after another, each once the previous one is ready, and
+/// returns the addresses they announced.
+fn start_workers(
+    exe: &Path,
+    arm: &Arm,
+    opts: &RunOpts,
+    log: impl Fn(&str) -> PathBuf,
+    children: &mut Children,
+) -> Result<Vec<String>, String> {
+    let worker = Role::Worker(WorkerArgs {
+        arm: arm.name.to_owned(),
+        engines: opts.engines_per_process(),
+        speedup: opts.speedup,
+        cpu: opts.pin.then_some(1),
+    });
+    let mut addresses = Vec::new();
+    for i in 0..opts.worker_processes.max(1) {
+        let log = log(&format!("worker{i}"));
+        let (child, lines) = spawn(exe, &worker, &log)?;
+        children.0.push(child);
+        let line = next_line(&lines, Duration::from_secs(60), &log)?;
+        let WorkerLine::Ready { address } = line
+            .parse()
+            .map_err(|e| format!("worker {i} said {e} (expected READY <address>)"))?;
+        addresses.push(address);
+    }
+    Ok(addresses)
+}
+
+/// The frontend's arguments for `arm`, to the worker processes at `workers`.
+fn frontend_args(arm: &Arm, opts: &RunOpts, workers: Vec<String>) -> FrontendArgs {
+    FrontendArgs {
+        arm: arm.name.to_owned(),
+        workers,
+        engines_per_process: opts.engines_per_process(),
+        concurrency: opts.concurrency,
+        isl: opts.isl,
+        osl: opts.osl,
+        warmup: opts.warmup.as_secs_f64(),
+        duration: opts.duration.as_secs_f64(),
+        threads: opts.frontend_threads,
+        cpu: opts.pin.then_some(0),
+    }
+}
+
+/// Reads the frontend's lines until its report, sampling `fleet` on the window's lines.
+/// Lines that are not the protocol's are skipped: they are not meant for the orchestrator.
+fn measure(
+    fleet: &Fleet,
+    lines: &mpsc::Receiver<String>,
+    deadline: Duration,
+    log: &Path,
+) -> Result<Run, String> {
     let started = Instant::now();
-    let (mut port, mut start, mut end, mut connections) = (0u16, None, None, 0u64);
+    let mut window = Window::default();
     loop {
         let left = deadline.saturating_sub(started.elapsed());
-        let line = next_line(&lines, left, &flog)?;
-        if let Some(p) = line.strip_prefix("READY ") {
-            port = p.trim().parse().unwrap_or(0);
-        } else if line == "WINDOW_START" {
-            start = Some(sample());
-        } else if line == "WINDOW_MID" {
-            connections = match arm.conns {
-                Conns::FrontendTcpPort => procfs::established_on_port(port),
-                Conns::WorkerUdpSockets => procfs::udp_sockets_of(&worker_pids),
-            };
-        } else if line == "WINDOW_END" {
-            end = Some(sample());
-        } else if let Some(json) = line.strip_prefix("RESULT ") {
-            let report: FrontendReport = serde_json::from_str(json)
-                .map_err(|e| format!("bad RESULT from the frontend: {e}"))?;
-            let (Some(s0), Some(s1)) = (start, end) else {
-                return Err("the frontend reported without a window".into());
-            };
-            return Ok(Run {
-                report,
-                frontend_cpu_s: s1.0 - s0.0,
-                worker_cpu_s: s1.1 - s0.1,
-                segments: s1.2.saturating_sub(s0.2),
-                connections,
-            });
+        let line = next_line(lines, left, log)?;
+        match line.parse::<FrontendLine>() {
+            Ok(message) => {
+                if let Some(run) = window.handle_line(message, fleet)? {
+                    return Ok(run);
+                }
+            }
+            Err(e) if e.is_unknown() => {}
+            Err(e) => return Err(format!("the frontend said {e}")),
         }
     }
 }
 
-fn spawn(mut cmd: Command, log: &Path) -> Result<(Child, mpsc::Receiver<String>), String> {
+/// The processes of one run, as the kernel's counters see them.
+struct Fleet {
+    conns: Conns,
+    frontend: u32,
+    workers: Vec<u32>,
+}
+
+impl Fleet {
+    fn sample(&self) -> Sample {
+        Sample {
+            frontend_cpu_s: procfs::cpu_seconds(self.frontend),
+            worker_cpu_s: self
+                .workers
+                .iter()
+                .map(|p| procfs::cpu_seconds(*p))
+                .sum::<f64>(),
+            packets: procfs::sent_packets(),
+        }
+    }
+
+    /// The plane's connections, counted as the arm says; `port` is the frontend's.
+    fn connections(&self, port: u16) -> u64 {
+        match self.conns {
+            Conns::FrontendTcpPort => procfs::established_on_port(port),
+            Conns::WorkerUdpSockets => procfs::udp_sockets_of(&self.workers),
+        }
+    }
+}
+
+/// The kernel's counters at one edge of the window.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    frontend_cpu_s: f64,
+    worker_cpu_s: f64,
+    packets: u64,
+}
+
+/// What the frontend's lines have told of the window so far.
+#[derive(Debug, Default)]
+struct Window {
+    port: u16,
+    start: Option<Sample>,
+    end: Option<Sample>,
+    connections: u64,
+}
+
+impl Window {
+    /// Takes one of the frontend's lines, sampling `fleet` where the line says; returns the
+    /// run once the frontend has reported.
+    fn handle_line(&mut self, line: FrontendLine, fleet: &Fleet) -> Result<Option<Run>, String> {
+        match line {
+            FrontendLine::Ready { port } => self.port = port,
+            FrontendLine::WindowStart => self.start = Some(fleet.sample()),
+            FrontendLine::WindowMid => self.connections = fleet.connections(self.port),
+            FrontendLine::WindowEnd => self.end = Some(fleet.sample()),
+            FrontendLine::Result(report) => return self.run(*report).map(Some),
+        }
+        Ok(None)
+    }
+
+    fn run(&self, report: FrontendReport) -> Result<Run, String> {
+        let (Some(s0), Some(s1)) = (self.start, self.end) else {
+            return Err("the frontend reported without a window".into());
+        };
+        Ok(Run {
+            report,
+            frontend_cpu_s: s1.frontend_cpu_s - s0.frontend_cpu_s,
+            worker_cpu_s: s1.worker_cpu_s - s0.worker_cpu_s,
+            segments: s1.packets.saturating_sub(s0.packets),
+            connections: self.connections,
+        })
+    }
+}
+
+/// Spawns `exe` as `role`, its stderr to `log`; returns its stdout's lines.
+fn spawn(exe: &Path, role: &Role, log: &Path) -> Result<(Child, mpsc::Receiver<String>), String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(role.command_line());
     let err = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -226,4 +300,29 @@ fn next_line(
             tail.join("\n")
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_frontend_lines_make_a_run_only_after_a_window() {
+        let me = std::process::id();
+        let fleet = Fleet {
+            conns: Conns::FrontendTcpPort,
+            frontend: me,
+            workers: vec![me],
+        };
+        let result = FrontendLine::Result(Box::default());
+        let mut window = Window::default();
+        let early = window.handle_line(result.clone(), &fleet);
+        assert_eq!(early.unwrap_err(), "the frontend reported without a window");
+        for line in ["READY 0", "WINDOW_START", "WINDOW_MID", "WINDOW_END"] {
+            let line = line.parse().expect("a protocol line");
+            assert!(window.handle_line(line, &fleet).unwrap().is_none());
+        }
+        let run = window.handle_line(result, &fleet).unwrap().expect("a run");
+        assert!(run.frontend_cpu_s >= 0.0 && run.worker_cpu_s >= 0.0);
+    }
 }

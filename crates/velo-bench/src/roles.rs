@@ -21,11 +21,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::adapter::{BenchFrontend, BenchWorker};
+use crate::protocol::FrontendLine;
 use crate::worker::{Ingress, RequestChannel, WorkerOpts};
 use crate::{frontend, procfs, worker};
 
 /// A process of one run.
-#[derive(Subcommand, Debug, Clone)]
+#[derive(Subcommand, Debug, Clone, PartialEq)]
 pub enum Role {
     /// (internal) A frontend process of one run.
     #[command(hide = true)]
@@ -45,12 +46,13 @@ pub struct RoleCli {
 }
 
 /// A frontend process's arguments.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, PartialEq)]
 pub struct FrontendArgs {
     /// The arm.
     #[arg(long)]
     pub arm: String,
-    /// The worker processes' addresses, as each announced it (`READY <address>`).
+    /// The worker processes' addresses, as each announced it
+    /// ([`WorkerLine::Ready`](crate::protocol::WorkerLine::Ready)).
     #[arg(long, value_delimiter = ',')]
     pub workers: Vec<String>,
     /// Mock engines per worker process.
@@ -80,7 +82,7 @@ pub struct FrontendArgs {
 }
 
 /// A worker process's arguments.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, PartialEq)]
 pub struct WorkerArgs {
     /// The arm.
     #[arg(long)]
@@ -94,6 +96,51 @@ pub struct WorkerArgs {
     /// Pin the process to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+}
+
+impl Role {
+    /// The command line (after the binary's name) that parses back into this role: how the
+    /// orchestrator spawns it.
+    pub fn command_line(&self) -> Vec<String> {
+        match self {
+            Self::Frontend(a) => a.command_line(),
+            Self::Worker(a) => a.command_line(),
+        }
+    }
+}
+
+impl FrontendArgs {
+    /// `frontend` and these arguments' flags.
+    pub fn command_line(&self) -> Vec<String> {
+        let mut line = vec!["frontend".to_owned()];
+        flag(&mut line, "--arm", &self.arm);
+        flag(&mut line, "--workers", self.workers.join(","));
+        flag(&mut line, "--engines-per-process", self.engines_per_process);
+        flag(&mut line, "--concurrency", self.concurrency);
+        flag(&mut line, "--isl", self.isl);
+        flag(&mut line, "--osl", self.osl);
+        flag(&mut line, "--warmup", self.warmup);
+        flag(&mut line, "--duration", self.duration);
+        flag(&mut line, "--threads", self.threads);
+        if let Some(cpu) = self.cpu {
+            flag(&mut line, "--cpu", cpu);
+        }
+        line
+    }
+}
+
+impl WorkerArgs {
+    /// `worker` and these arguments' flags.
+    pub fn command_line(&self) -> Vec<String> {
+        let mut line = vec!["worker".to_owned()];
+        flag(&mut line, "--arm", &self.arm);
+        flag(&mut line, "--engines", self.engines);
+        flag(&mut line, "--speedup", self.speedup);
+        if let Some(cpu) = self.cpu {
+            flag(&mut line, "--cpu", cpu);
+        }
+        line
+    }
 }
 
 /// What a worker constructor returns: the plane, whether its engines flush once per forward
@@ -136,7 +183,7 @@ pub fn exit(outcome: Result<(), String>) -> std::process::ExitCode {
 }
 
 /// Runs a frontend process: builds its plane with `make` inside the runtime, runs the load
-/// and prints `RESULT <json>`.
+/// (saying the window's lines) and says [`FrontendLine::Result`].
 ///
 /// # Errors
 ///
@@ -164,16 +211,16 @@ where
         let report = frontend::run(plane, opts)
             .await
             .map_err(|e| e.to_string())?;
-        println!(
-            "RESULT {}",
-            serde_json::to_string(&report).map_err(|e| e.to_string())?
-        );
-        Ok(())
+        FrontendLine::Result(Box::new(report))
+            .say()
+            .await
+            .map_err(|e| e.to_string())
     })
 }
 
 /// Runs a worker process on a current-thread runtime: builds its plane with `make`, starts
-/// the engines and the ingress, prints `READY <address>` and serves until killed.
+/// the engines and the ingress, says [`WorkerLine::Ready`](crate::protocol::WorkerLine::Ready) and
+/// serves until killed.
 ///
 /// # Errors
 ///
@@ -200,6 +247,12 @@ where
     })
 }
 
+/// Appends `--name value` (a float in Rust's shortest form that parses back to it exactly).
+fn flag(line: &mut Vec<String>, name: &str, value: impl std::fmt::Display) {
+    line.push(name.to_owned());
+    line.push(value.to_string());
+}
+
 fn pin(cpu: Option<usize>) -> Result<(), String> {
     match cpu {
         Some(cpu) => procfs::pin_to_cpu(cpu).map_err(|e| format!("pin to cpu {cpu}: {e}")),
@@ -220,4 +273,51 @@ fn runtime(threads: u32) -> Result<tokio::runtime::Runtime, String> {
             .build()
     };
     r.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(role: &Role) -> Role {
+        let line = std::iter::once("velo-bench".to_owned()).chain(role.command_line());
+        RoleCli::try_parse_from(line).expect("parses").role
+    }
+
+    #[test]
+    fn command_lines_parse_back_into_their_roles() {
+        let frontend = FrontendArgs {
+            arm: "velo-tcp-5ms".into(),
+            workers: vec!["127.0.0.1:1".into(), "tcp://127.0.0.1:2/ab/ns/c/e".into()],
+            engines_per_process: 4,
+            concurrency: 256,
+            isl: 256,
+            osl: 128,
+            warmup: 0.5,
+            duration: 1.0 / 3.0,
+            threads: 1,
+            cpu: Some(0),
+        };
+        let worker = WorkerArgs {
+            arm: "tcp".into(),
+            engines: 2,
+            speedup: 10.0,
+            cpu: None,
+        };
+        for role in [
+            Role::Frontend(frontend.clone()),
+            Role::Frontend(FrontendArgs {
+                cpu: None,
+                ..frontend
+            }),
+            Role::Worker(worker.clone()),
+            Role::Worker(WorkerArgs {
+                cpu: Some(1),
+                speedup: 0.1,
+                ..worker
+            }),
+        ] {
+            assert_eq!(parsed(&role), role);
+        }
+    }
 }

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -20,6 +19,7 @@ use tokio::time::Instant;
 use crate::adapter::{BenchSink, BenchWorker};
 use crate::item::EngineOutput;
 use crate::mocker::{MAX_BATCHED_TOKENS, MAX_RUNNING, pass_time};
+use crate::protocol::WorkerLine;
 use crate::reqplane::{self, Request};
 
 /// How a worker process runs its engines.
@@ -44,7 +44,7 @@ static SETUP_FAILURES: AtomicU64 = AtomicU64::new(0);
 /// Where a worker process takes requests from.
 pub trait Ingress<W: BenchWorker>: Send + 'static {
     /// Starts taking requests, handing each to [`Engines::serve`], and returns the address
-    /// the frontend sends requests to (announced as `READY <address>`).
+    /// the frontend sends requests to (announced as [`WorkerLine::Ready`]).
     fn start(self, engines: Arc<Engines<W>>)
     -> impl Future<Output = Result<String, String>> + Send;
 }
@@ -117,8 +117,8 @@ impl<W: BenchWorker> Engines<W> {
     }
 }
 
-/// Runs the worker process on our request channel: prints `READY <addr>` once it listens,
-/// then serves requests until killed.
+/// Runs the worker process on our request channel: says [`WorkerLine::Ready`] once it
+/// listens, then serves requests until killed.
 ///
 /// # Errors
 ///
@@ -127,7 +127,7 @@ pub async fn run<W: BenchWorker>(plane: W, opts: WorkerOpts) -> Result<(), Strin
     run_with(plane, opts, RequestChannel).await
 }
 
-/// Runs the worker process on `ingress`: prints `READY <address>` once it takes requests,
+/// Runs the worker process on `ingress`: says [`WorkerLine::Ready`] once it takes requests,
 /// then serves them until killed.
 ///
 /// # Errors
@@ -139,12 +139,11 @@ pub async fn run_with<W: BenchWorker, I: Ingress<W>>(
     ingress: I,
 ) -> Result<(), String> {
     let engines = Engines::start(Arc::new(plane), opts);
-    let addr = ingress.start(engines).await?;
-    let mut out = tokio::io::stdout();
-    out.write_all(format!("READY {addr}\n").as_bytes())
+    let address = ingress.start(engines).await?;
+    WorkerLine::Ready { address }
+        .say()
         .await
         .map_err(|e| e.to_string())?;
-    out.flush().await.map_err(|e| e.to_string())?;
     std::future::pending::<()>().await;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! With the `peers` feature the peer arms run too: velo-bench first builds their binaries in
 //! `peers/` with the cheap `smoke` profile (a cold build takes minutes, see README.md).
 
+use std::path::Path;
 use std::process::Command;
 
 const KEYS: [&str; 13] = [
@@ -28,6 +29,24 @@ fn every_arm_runs_and_reports_every_key() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("report.json");
     let plots = dir.join("plots");
+    let stdout = run_velo_bench(&json, &plots);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let arms = doc["arms"].as_array().expect("an arms array");
+    let names: Vec<&str> = arms.iter().filter_map(|a| a["arm"].as_str()).collect();
+    for name in expected_arms() {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
+    for arm in arms {
+        check_arm(arm, &stdout);
+    }
+    check_plots(&plots);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs every arm for a moment at tiny concurrency, writing `json` and `plots`; returns the
+/// bench's stdout.
+fn run_velo_bench(json: &Path, plots: &Path) -> String {
     // The window opens after the warm-up and the first completed request, however long
     // process and connection set-up take on a loaded machine: set-up never eats the window.
     let out = Command::new(env!("CARGO_BIN_EXE_velo-bench"))
@@ -55,20 +74,22 @@ fn every_arm_runs_and_reports_every_key() {
         ])
         .args(["--peers-profile", "smoke"])
         .arg("--json")
-        .arg(&json)
+        .arg(json)
         .arg("--plots")
-        .arg(&plots)
+        .arg(plots)
         .output()
         .expect("run velo-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
         "velo-bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let arms = doc["arms"].as_array().expect("an arms array");
+    stdout
+}
+
+/// The arms this build has.
+fn expected_arms() -> Vec<&'static str> {
     let mut expected = vec!["velo-tcp-5ms", "velo-tcp-greedy", "velo-tcp-pass", "tcp"];
     if cfg!(feature = "ucx") {
         expected.push("velo-ucx");
@@ -83,44 +104,47 @@ fn every_arm_runs_and_reports_every_key() {
             "velo-0.21-pass",
         ]);
     }
-    let names: Vec<&str> = arms.iter().filter_map(|a| a["arm"].as_str()).collect();
-    for name in expected {
-        assert!(names.contains(&name), "{name} missing from {names:?}");
+    expected
+}
+
+/// One arm's JSON has every key, tokens, requests, no errors and the configuration, and the
+/// table has its row.
+fn check_arm(arm: &serde_json::Value, stdout: &str) {
+    let name = arm["arm"].as_str().unwrap_or("?");
+    for key in KEYS {
+        assert!(!arm[key].is_null(), "{name}: missing {key}");
     }
-    for arm in arms {
-        let name = arm["arm"].as_str().unwrap_or("?");
-        for key in KEYS {
-            assert!(!arm[key].is_null(), "{name}: missing {key}");
-        }
-        assert!(
-            arm["output_tokens_per_s"].as_f64().unwrap() > 0.0,
-            "{name}: no tokens"
-        );
-        assert!(
-            arm["requests"].as_f64().unwrap() > 0.0,
-            "{name}: no requests"
-        );
-        assert_eq!(
-            arm["errors"].as_f64(),
-            Some(0.0),
-            "{name}: errors {:?}",
-            arm["error_samples"]
-        );
-        assert!(
-            arm["config"]["concurrency"].as_u64() == Some(4),
-            "{name}: configuration recorded"
-        );
-        assert!(
-            stdout.contains(&format!("| {name} |")),
-            "{name} is in the table"
-        );
-    }
+    assert!(
+        arm["output_tokens_per_s"].as_f64().unwrap() > 0.0,
+        "{name}: no tokens"
+    );
+    assert!(
+        arm["requests"].as_f64().unwrap() > 0.0,
+        "{name}: no requests"
+    );
+    assert_eq!(
+        arm["errors"].as_f64(),
+        Some(0.0),
+        "{name}: errors {:?}",
+        arm["error_samples"]
+    );
+    assert!(
+        arm["config"]["concurrency"].as_u64() == Some(4),
+        "{name}: configuration recorded"
+    );
+    assert!(
+        stdout.contains(&format!("| {name} |")),
+        "{name} is in the table"
+    );
+}
+
+/// Every plot has curves.
+fn check_plots(dir: &Path) {
     for svg in ["ttft_cdf.svg", "itl_cdf.svg", "tokens_per_s.svg"] {
-        let text = std::fs::read_to_string(plots.join(svg)).unwrap_or_default();
+        let text = std::fs::read_to_string(dir.join(svg)).unwrap_or_default();
         assert!(
             text.contains("<svg") && text.contains("polyline"),
             "{svg} has curves"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
