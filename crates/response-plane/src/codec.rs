@@ -3,7 +3,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::ResponseError;
+use crate::{Cause, ResponseError};
 
 /// The encoding of a stream's items.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -25,18 +25,20 @@ impl Codec {
     ) -> Result<(), ResponseError> {
         buf.clear();
         let r = match self {
-            Self::Msgpack => rmp_serde::encode::write_named(buf, item).map_err(|e| e.to_string()),
-            Self::Json => serde_json::to_writer(&mut *buf, item).map_err(|e| e.to_string()),
+            Self::Msgpack => {
+                rmp_serde::encode::write_named(buf, item).map_err(Cause::msgpack_encode)
+            }
+            Self::Json => serde_json::to_writer(&mut *buf, item).map_err(Cause::json),
         };
-        r.map_err(|reason| ResponseError::Encode { reason })
+        r.map_err(ResponseError::Encode)
     }
 
     /// Decodes one item.
     pub(crate) fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, ResponseError> {
         let r = match self {
-            Self::Msgpack => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
-            Self::Json => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
+            Self::Msgpack => rmp_serde::from_slice(bytes).map_err(Cause::msgpack_decode),
+            Self::Json => serde_json::from_slice(bytes).map_err(Cause::json),
         };
-        r.map_err(|reason| ResponseError::Decode { reason })
+        r.map_err(ResponseError::Decode)
     }
 }

@@ -1,9 +1,14 @@
 //! The one public error of the response plane.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use velo_session::StreamError;
+pub use velo_wire::ErrorCode;
+
+use crate::Plane;
+pub use crate::cause::{Cause, Disconnect, InvalidInfo, ProtocolViolation};
 
 /// A worker's typed reason for refusing a request, carried in its error prologue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -31,24 +36,23 @@ impl TypedError {
 
 /// What went wrong with a response stream, on either side.
 ///
-/// Use [`is_cancelled`](Self::is_cancelled), [`is_remote`](Self::is_remote) and
-/// [`is_retryable`](Self::is_retryable) rather than matching when deciding what to do.
+/// Use [`is_cancelled`](Self::is_cancelled), [`is_remote`](Self::is_remote),
+/// [`is_caller`](Self::is_caller) and [`is_retryable`](Self::is_retryable) rather than
+/// matching when deciding what to do. Every lower layer's error is kept as the
+/// [`source`](std::error::Error::source).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ResponseError {
     /// The worker refused the request with an error prologue.
     #[error("worker refused the request: {cause}")]
-    CannotConnect {
+    Refused {
         /// The worker's reason.
         cause: TypedError,
     },
     /// The stream was lost: the worker or the connection went away before the stream ended
     /// (before the prologue: the request may be retried on another worker).
-    #[error("disconnected: {reason}")]
-    Disconnected {
-        /// What happened.
-        reason: String,
-    },
+    #[error("stream ended before generation completed ({0})")]
+    Disconnected(#[source] Disconnect),
     /// No prologue arrived within the establish timeout.
     #[error("no response from the worker within {after:?}")]
     ResponseTimeout {
@@ -65,51 +69,44 @@ pub enum ResponseError {
     #[error("worker ended the stream with error {code}: {message}")]
     Worker {
         /// The worker's code.
-        code: u32,
+        code: ErrorCode,
         /// The worker's message.
         message: String,
     },
     /// An item could not be decoded with the stream's codec (the peer's fault).
-    #[error("cannot decode an item: {reason}")]
-    Decode {
-        /// The codec's message.
-        reason: String,
-    },
+    #[error("cannot decode an item: {0}")]
+    Decode(#[source] Cause),
     /// An item could not be encoded (the caller's fault).
-    #[error("cannot encode an item: {reason}")]
-    Encode {
-        /// The codec's message.
-        reason: String,
-    },
+    #[error("cannot encode an item: {0}")]
+    Encode(#[source] Cause),
     /// The peer broke the response protocol (for example items after the final one).
-    #[error("protocol violation: {reason}")]
-    Protocol {
-        /// What was wrong.
-        reason: String,
-    },
+    #[error("protocol violation: {0}")]
+    Protocol(#[source] ProtocolViolation),
     /// Worker: the frontend could not be reached (connection setup failed).
-    #[error("cannot reach the frontend: {reason}")]
+    #[error("cannot reach the frontend at {addr}: {cause}")]
     Unreachable {
-        /// The transport's reason.
-        reason: String,
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        cause: Cause,
     },
     /// Worker: the frontend uses another response plane than this worker. The frontend was
     /// sent an error prologue saying so.
     #[error(
-        "response plane mismatch: frontend requested {requested}, worker configured {configured}"
+        "response plane mismatch: frontend requested {}, worker configured {}",
+        .requested.name(),
+        .configured.name()
     )]
     PlaneMismatch {
         /// The frontend's plane.
-        requested: String,
+        requested: Plane,
         /// This worker's plane.
-        configured: String,
+        configured: Plane,
     },
-    /// The stream address could not be used.
-    #[error("invalid connection info: {reason}")]
-    InvalidConnectionInfo {
-        /// What was wrong.
-        reason: String,
-    },
+    /// The stream address could not be used (the frontend's, or its carrier's, fault).
+    #[error("invalid connection info: {0}")]
+    InvalidConnectionInfo(#[source] InvalidInfo),
     /// Caller's fault: the prologue must be sent exactly once, before any item.
     #[error("{0}")]
     Prologue(&'static str),
@@ -138,48 +135,63 @@ impl ResponseError {
         matches!(self, Self::Cancelled { .. })
     }
 
-    /// Whether the other side caused the error (refusal, worker error, bad data).
+    /// Whether the other side caused the error (refusal, worker error, bad data, a bad
+    /// address).
     pub fn is_remote(&self) -> bool {
         matches!(
             self,
-            Self::CannotConnect { .. }
+            Self::Refused { .. }
                 | Self::Worker { .. }
-                | Self::Decode { .. }
-                | Self::Protocol { .. }
+                | Self::Decode(_)
+                | Self::Protocol(_)
+                | Self::InvalidConnectionInfo(_)
+                | Self::PlaneMismatch { .. }
+        )
+    }
+
+    /// Whether this side's caller misused the API (an item too large or not encodable, the
+    /// prologue out of order).
+    pub fn is_caller(&self) -> bool {
+        matches!(
+            self,
+            Self::Encode(_) | Self::Prologue(_) | Self::TooLarge { .. }
         )
     }
 
     /// Whether retrying the request (on another worker) may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Disconnected { .. } | Self::ResponseTimeout { .. } | Self::Unreachable { .. } => {
-                true
-            }
-            Self::CannotConnect { cause } => cause.retryable,
+            Self::Disconnected(_) | Self::ResponseTimeout { .. } | Self::Unreachable { .. } => true,
+            Self::Refused { cause } => cause.retryable,
             _ => false,
         }
     }
 
-    pub(crate) fn ended_early(detail: impl std::fmt::Display) -> Self {
-        Self::Disconnected {
-            reason: format!("stream ended before generation completed ({detail})"),
-        }
+    /// The stream was lost for `cause`.
+    pub(crate) fn lost(cause: Cause) -> Self {
+        Self::Disconnected(Disconnect::Lost(cause))
     }
 }
 
 /// What a velo stream operation's failure means to the response plane (the one place where
 /// session errors become `ResponseError`s).
 pub(crate) fn stream_error(e: StreamError) -> ResponseError {
-    use velo_mux::StreamEnd;
+    use velo_mux::{OpenError, StreamEnd};
     match e {
         StreamError::Closed(StreamEnd::Cancelled(_)) => {
             ResponseError::Cancelled { graceful: false }
         }
-        StreamError::Closed(end) => ResponseError::ended_early(end),
+        StreamError::Closed(StreamEnd::Lost(lane)) => ResponseError::lost(Cause::lane(lane)),
+        // The frontend ended the stream for breaking its rules: this side's stream is over.
+        StreamError::Closed(StreamEnd::Violation(reason)) => {
+            ResponseError::Protocol(ProtocolViolation::Stream(reason))
+        }
+        // Finished or reset by this side: using it again is the caller's mistake.
+        StreamError::Closed(_) => ResponseError::Prologue("the stream has ended"),
         StreamError::TooLarge { len, max } => ResponseError::TooLarge { len, max },
-        StreamError::Open(e) => ResponseError::Unreachable {
-            reason: e.to_string(),
-        },
-        other => ResponseError::ended_early(other),
+        StreamError::Open(OpenError::PrologueTooLarge { len, max }) => {
+            ResponseError::TooLarge { len, max }
+        }
+        other => ResponseError::lost(Cause::open(other)),
     }
 }

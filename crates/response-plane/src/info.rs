@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Codec, ResponseError};
+use crate::{Cause, Codec, InvalidInfo, ResponseError};
 
 /// Where a worker sends a stream's response: a transport name plus a JSON string, as in
 /// Dynamo. It travels inside the request (whose header is capped at 128 KiB); ours is about
@@ -52,14 +52,14 @@ impl StreamAddress {
     }
 
     pub(crate) fn parse(info: &ConnectionInfo) -> Result<Self, ResponseError> {
-        let bad = |reason: String| ResponseError::InvalidConnectionInfo { reason };
+        let bad = ResponseError::InvalidConnectionInfo;
         let a: Self =
-            serde_json::from_str(&info.info).map_err(|e| bad(format!("{e} in {:?}", info.info)))?;
+            serde_json::from_str(&info.info).map_err(|e| bad(InvalidInfo::Json(Cause::json(e))))?;
         if a.v != ADDRESS_VERSION {
-            return Err(bad(format!(
-                "address of protocol version {}, this worker speaks {ADDRESS_VERSION}",
-                a.v
-            )));
+            return Err(bad(InvalidInfo::Version {
+                got: a.v,
+                supported: ADDRESS_VERSION,
+            }));
         }
         Ok(a)
     }
@@ -69,15 +69,13 @@ impl StreamAddress {
             .ok()
             .filter(|&v| v != 0)
             .map(velo_wire::InstanceId::from_u128)
-            .ok_or_else(|| ResponseError::InvalidConnectionInfo {
-                reason: format!("bad instance id {:?}", self.instance),
+            .ok_or_else(|| {
+                ResponseError::InvalidConnectionInfo(InvalidInfo::Instance(self.instance.clone()))
             })
     }
 
     pub(crate) fn token(&self) -> Result<[u8; 16], ResponseError> {
-        let bad = || ResponseError::InvalidConnectionInfo {
-            reason: "bad token".into(),
-        };
+        let bad = || ResponseError::InvalidConnectionInfo(InvalidInfo::Token);
         let v = u128::from_str_radix(&self.token, 16).map_err(|_| bad())?;
         if self.token.len() != 32 {
             return Err(bad());

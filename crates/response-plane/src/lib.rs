@@ -65,6 +65,7 @@
     allow(dead_code, unused_imports)
 )]
 
+mod cause;
 mod classic;
 mod codec;
 mod config;
@@ -90,7 +91,9 @@ pub use config::{
     ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT, ENV_TRANSPORT, MAX_BATCH_MS, Plane,
     ResponsePlaneConfig, VeloTransport,
 };
-pub use error::{ResponseError, TypedError};
+pub use error::{
+    Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TypedError,
+};
 pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;
 pub use registry::{MAX_PENDING, MAX_TOMBSTONES, TOMBSTONE_TTL};

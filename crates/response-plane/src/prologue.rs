@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ResponseError, TypedError};
+use crate::{Cause, Disconnect, ProtocolViolation, ResponseError, TypedError};
 
 #[derive(Serialize, Deserialize)]
 struct Wire {
@@ -32,22 +32,19 @@ pub(crate) fn encode(result: &Result<(), TypedError>) -> Vec<u8> {
     serde_json::to_vec(&wire).expect("a prologue always serializes")
 }
 
-/// Parses a prologue: `Ok(())` for success, the worker's refusal as `CannotConnect`, an
+/// Parses a prologue: `Ok(())` for success, the worker's refusal as `Refused`, an
 /// [`ABANDONED`] stream as `Disconnected` (the request never reached the engine's answer, so
 /// another worker may take it).
 pub(crate) fn decode(bytes: &[u8]) -> Result<(), ResponseError> {
     if bytes == ABANDONED {
-        return Err(ResponseError::Disconnected {
-            reason: "the worker gave up the request before its prologue".into(),
-        });
+        return Err(ResponseError::Disconnected(Disconnect::Abandoned));
     }
-    let wire: Wire = serde_json::from_slice(bytes).map_err(|e| ResponseError::Protocol {
-        reason: format!("invalid prologue JSON: {e}"),
-    })?;
+    let wire: Wire = serde_json::from_slice(bytes)
+        .map_err(|e| ResponseError::Protocol(ProtocolViolation::Prologue(Cause::json(e))))?;
     match (wire.error, wire.typed_error) {
         (None, _) => Ok(()),
-        (Some(_), Some(cause)) => Err(ResponseError::CannotConnect { cause }),
-        (Some(message), None) => Err(ResponseError::CannotConnect {
+        (Some(_), Some(cause)) => Err(ResponseError::Refused { cause }),
+        (Some(message), None) => Err(ResponseError::Refused {
             cause: TypedError::new("Error", message),
         }),
     }
@@ -71,18 +68,13 @@ mod tests {
             std::str::from_utf8(&bytes).unwrap(),
             r#"{"error":"EngineRefused: queue full","typed_error":{"kind":"EngineRefused","message":"queue full","retryable":false}}"#
         );
-        assert_eq!(decode(&bytes), Err(ResponseError::CannotConnect { cause }));
+        assert_eq!(decode(&bytes), Err(ResponseError::Refused { cause }));
     }
 
     #[test]
     fn an_empty_prologue_is_a_retryable_disconnect_never_a_refusal() {
         let err = decode(ABANDONED).unwrap_err();
-        assert_eq!(
-            err,
-            ResponseError::Disconnected {
-                reason: "the worker gave up the request before its prologue".into()
-            }
-        );
+        assert_eq!(err, ResponseError::Disconnected(Disconnect::Abandoned));
         assert!(err.is_retryable() && !err.is_remote());
     }
 
@@ -90,7 +82,7 @@ mod tests {
     fn garbage_is_a_protocol_error() {
         assert!(matches!(
             decode(b"nope"),
-            Err(ResponseError::Protocol { .. })
+            Err(ResponseError::Protocol(ProtocolViolation::Prologue(_)))
         ));
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::ResponseError;
+use crate::{Disconnect, ResponseError};
 
 /// How long a removed worker instance stays tombstoned: a registration racing its removal
 /// fails at once instead of waiting for a stream that will never come.
@@ -170,9 +170,7 @@ impl Registry {
         let mut g = self.lock();
         g.tombstones.prune(Instant::now());
         if g.tombstones.contains(worker) {
-            return Err(ResponseError::Disconnected {
-                reason: format!("worker instance {worker} was removed from discovery"),
-            });
+            return Err(removed(worker));
         }
         let (index, generation) = split(ticket);
         let Some(reg) = g
@@ -206,10 +204,8 @@ impl Registry {
                 .is_some_and(|s| s.generation == generation)
                 && let Some(reg) = g.take(index)
             {
-                let reason = format!("worker instance {worker} was removed from discovery");
-                let _ = reg
-                    .tx
-                    .send(Arrival::Failed(ResponseError::Disconnected { reason }));
+                // A pending handle already dropped needs no telling.
+                let _ = reg.tx.send(Arrival::Failed(removed(worker)));
                 ended += 1;
             }
         }
@@ -318,6 +314,11 @@ impl Tombstones {
     }
 }
 
+/// How a registration tied to a removed worker instance ends.
+fn removed(instance: u64) -> ResponseError {
+    ResponseError::Disconnected(Disconnect::InstanceRemoved { instance })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,7 +327,9 @@ mod tests {
     fn ended(rx: &mut oneshot::Receiver<Arrival>) -> bool {
         matches!(
             rx.try_recv(),
-            Ok(Arrival::Failed(ResponseError::Disconnected { .. }))
+            Ok(Arrival::Failed(ResponseError::Disconnected(
+                Disconnect::InstanceRemoved { .. }
+            )))
         )
     }
 

@@ -10,7 +10,7 @@ use velo_mux::StreamEnd;
 use velo_session::RecvStream;
 
 use crate::classic::ClassicReader;
-use crate::{Codec, ResponseError};
+use crate::{Cause, Codec, Disconnect, ProtocolViolation, ResponseError};
 
 /// A response stream: the worker's items, decoded, in order.
 ///
@@ -92,7 +92,7 @@ impl<T: DeserializeOwned> ResponseStream<T> {
         match &mut self.inner {
             Inner::Classic(r) => match r.poll_item(cx) {
                 // A quiet end after stop: the worker may close without its sentinel.
-                Poll::Ready(Some(Err(ResponseError::Disconnected { .. }))) if self.stopped => {
+                Poll::Ready(Some(Err(ResponseError::Disconnected(_)))) if self.stopped => {
                     Poll::Ready(None)
                 }
                 other => other,
@@ -112,15 +112,16 @@ fn map_end(end: StreamEnd, stopped: bool) -> Option<ResponseError> {
     match end {
         StreamEnd::Finished => None,
         StreamEnd::Error { code, .. } if code == velo_mux::RESET_DROPPED => {
-            (!stopped).then(|| ResponseError::ended_early("the worker dropped the stream"))
+            (!stopped).then_some(ResponseError::Disconnected(Disconnect::Dropped))
         }
         StreamEnd::Error { code, message } => Some(ResponseError::Worker { code, message }),
         StreamEnd::Cancelled(_) => None,
-        StreamEnd::Lost(e) => Some(ResponseError::ended_early(e)),
-        StreamEnd::Violation(reason) => Some(ResponseError::Protocol {
-            reason: reason.into(),
-        }),
-        other => Some(ResponseError::ended_early(other)),
+        StreamEnd::Lost(e) => Some(ResponseError::lost(Cause::lane(e))),
+        StreamEnd::Violation(reason) => {
+            Some(ResponseError::Protocol(ProtocolViolation::Stream(reason)))
+        }
+        // A worker's own view of its reset; a frontend never sees it.
+        _ => Some(ResponseError::Disconnected(Disconnect::Dropped)),
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use response_plane::{
-    Codec, ConnectionInfo, FrontendPlane, Plane, RegisterOptions, ResponseError,
-    ResponsePlaneConfig, TypedError, VeloTransport, WorkerPlane,
+    Codec, ConnectionInfo, Disconnect, FrontendPlane, Plane, ProtocolViolation, RegisterOptions,
+    ResponseError, ResponsePlaneConfig, TypedError, VeloTransport, WorkerPlane,
 };
 use serde::{Deserialize, Serialize};
 use tokio_util::task::TaskTracker;
@@ -179,7 +179,7 @@ async fn an_error_prologue_is_cannot_connect_with_the_typed_cause(plane: Under) 
     let err = within("established", pending.established())
         .await
         .unwrap_err();
-    assert_eq!(err, ResponseError::CannotConnect { cause });
+    assert_eq!(err, ResponseError::Refused { cause });
     assert!(err.is_remote() && err.is_retryable() && !err.is_cancelled());
     // The prologue goes exactly once, first.
     assert!(matches!(
@@ -305,7 +305,10 @@ async fn dropping_the_sender_without_finish_is_an_abnormal_end(plane: Under) {
         .expect("an abnormal end is reported");
     let err = end.unwrap_err();
     assert!(
-        matches!(&err, ResponseError::Disconnected { reason } if reason.starts_with("stream ended before generation completed")),
+        matches!(&err, ResponseError::Disconnected(_))
+            && err
+                .to_string()
+                .starts_with("stream ended before generation completed"),
         "{err}"
     );
     assert!(err.is_retryable());
@@ -586,7 +589,7 @@ async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Under) {
         .await
         .unwrap_err();
     match seen {
-        ResponseError::CannotConnect { cause } => {
+        ResponseError::Refused { cause } => {
             assert_eq!(cause.kind, "ResponsePlaneMismatch");
             assert_eq!(cause.message, msg);
         }
@@ -607,11 +610,10 @@ async fn a_sender_dropped_before_its_prologue_ends_the_pending_disconnected(plan
     let err = within("established", pending.established())
         .await
         .unwrap_err();
-    assert!(matches!(err, ResponseError::Disconnected { .. }), "{err}");
+    assert!(matches!(err, ResponseError::Disconnected(_)), "{err}");
     assert!(err.is_retryable() && !err.is_remote());
     if plane.plane == Plane::Velo {
-        let reason = "the worker gave up the request before its prologue";
-        assert_eq!(err.to_string(), format!("disconnected: {reason}"));
+        assert_eq!(err, ResponseError::Disconnected(Disconnect::Abandoned));
     }
     assert_eq!(s.frontend.pending(), 0);
 }
@@ -675,7 +677,10 @@ async fn removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it(p
     for p in [p1, p2] {
         let err = within("ended", p.established()).await.unwrap_err();
         assert!(
-            matches!(&err, ResponseError::Disconnected { reason } if reason.contains("instance 7")),
+            matches!(
+                &err,
+                ResponseError::Disconnected(Disconnect::InstanceRemoved { instance: 7 })
+            ),
             "{err}"
         );
     }
@@ -695,7 +700,10 @@ async fn a_re_associated_stream_ends_only_with_its_latest_worker_instance(plane:
     assert_eq!(s.frontend.cancel_instance_streams(2), 1);
     let err = within("ended", pending.established()).await.unwrap_err();
     assert!(
-        matches!(&err, ResponseError::Disconnected { reason } if reason.contains("instance 2")),
+        matches!(
+            &err,
+            ResponseError::Disconnected(Disconnect::InstanceRemoved { instance: 2 })
+        ),
         "{err}"
     );
 }
@@ -774,9 +782,7 @@ async fn classic_data_after_the_final_item_is_an_error() {
     let err = within("violation", rx.next()).await.unwrap().unwrap_err();
     assert_eq!(
         err,
-        ResponseError::Protocol {
-            reason: "data after the final item".into()
-        }
+        ResponseError::Protocol(ProtocolViolation::DataAfterFinal)
     );
     assert!(err.is_remote());
 }

@@ -1,5 +1,7 @@
 //! Errors of the mux layer, each saying who is at fault.
 
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use velo_wire::{CloseCode, WireError};
@@ -34,7 +36,7 @@ pub enum LaneError {
     WriteStalled(Duration),
     /// I/O: the transport under the lane failed or ended.
     #[error("transport lost: {0}")]
-    Transport(String),
+    Transport(TransportEnd),
     /// Local: this side closed the lane (shutdown).
     #[error("lane closed by this side ({code}): {reason}")]
     Local {
@@ -59,14 +61,61 @@ impl LaneError {
     }
 }
 
+/// How a lane's transport ended, as its driver reports it with
+/// [`Mux::handle_lane_lost`](crate::Mux::handle_lane_lost).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportEnd {
+    /// The peer ended the connection (end of stream, a FIN).
+    #[error("the peer closed the connection")]
+    Closed,
+    /// Reading failed (reset, unreachable, the transport's own error).
+    #[error("read failed: {0}")]
+    Read(#[source] Arc<io::Error>),
+    /// Writing failed.
+    #[error("write failed: {0}")]
+    Write(#[source] Arc<io::Error>),
+    /// This side stopped the lane at once (an endpoint's abort, a test's kill).
+    #[error("aborted by this side")]
+    Aborted,
+    /// A new connection took the lane's place.
+    #[error("replaced by a new connection")]
+    Replaced,
+}
+
+impl TransportEnd {
+    /// A read failure.
+    pub fn read(e: io::Error) -> Self {
+        Self::Read(Arc::new(e))
+    }
+
+    /// A write failure.
+    pub fn write(e: io::Error) -> Self {
+        Self::Write(Arc::new(e))
+    }
+}
+
+/// Equal when of the same kind (and, for I/O failures, of the same `io::ErrorKind`).
+impl PartialEq for TransportEnd {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Read(a), Self::Read(b)) | (Self::Write(a), Self::Write(b)) => {
+                a.kind() == b.kind()
+            }
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other),
+        }
+    }
+}
+
+impl Eq for TransportEnd {}
+
 /// How a worker's stream was ended by something other than its own finish or reset.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CloseReason {
-    /// The frontend cancelled the stream (or refused it); the code is a
-    /// [`CancelCode`](velo_wire::CancelCode).
-    #[error("cancelled by the frontend (code {0})")]
-    Cancelled(u32),
+    /// The frontend cancelled the stream (or refused it).
+    #[error("cancelled by the frontend ({0})")]
+    Cancelled(velo_wire::CancelCode),
     /// The stream's lane failed.
     #[error("lane lost: {0}")]
     Lost(LaneError),
@@ -83,8 +132,8 @@ pub enum OpenError {
     #[error("connection is at its limit of {0} streams")]
     TooManyStreams(u32),
     /// The peer sent GOAWAY: it takes no new streams on this connection.
-    #[error("peer is going away (code {0}) and takes no new streams")]
-    GoingAway(u32),
+    #[error("peer is going away ({0}) and takes no new streams")]
+    GoingAway(velo_wire::GoAwayCode),
     /// Caller's fault: the prologue does not fit a frame.
     #[error("prologue of {len} bytes exceeds the limit of {max} bytes")]
     PrologueTooLarge {

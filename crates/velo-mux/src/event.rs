@@ -49,7 +49,7 @@ pub enum MuxEvent {
     },
     /// The peer takes no new streams (GOAWAY); open ones may finish.
     GoAway {
-        /// The peer's code; 0 is an orderly drain.
-        code: u32,
+        /// The peer's code.
+        code: velo_wire::GoAwayCode,
     },
 }

@@ -91,7 +91,7 @@ pub use config::{
     DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW, MuxConfig, MuxConfigBuilder,
     Side,
 };
-pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError};
+pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError, TransportEnd};
 pub use event::MuxEvent;
 pub use flush::{FlushPolicy, FlushReason};
 pub use input::COPY_BELOW;
@@ -113,17 +113,16 @@ pub enum StreamEnd {
     #[error("worker ended the stream with error {code}: {message}")]
     Error {
         /// Application-defined code.
-        code: u32,
+        code: velo_wire::ErrorCode,
         /// The worker's message.
         message: String,
     },
     /// The worker ended the stream with an error, as the worker sees it.
     #[error("reset by this side with code {0}")]
-    Reset(u32),
-    /// The frontend cancelled (or refused) the stream; the code is a
-    /// [`CancelCode`](velo_wire::CancelCode).
-    #[error("cancelled (code {0})")]
-    Cancelled(u32),
+    Reset(velo_wire::ErrorCode),
+    /// The frontend cancelled (or refused) the stream.
+    #[error("cancelled ({0})")]
+    Cancelled(velo_wire::CancelCode),
     /// The stream's lane failed before the stream ended.
     #[error("lane lost: {0}")]
     Lost(LaneError),

@@ -15,7 +15,9 @@ use crate::lane::{Lane, LaneState, PeerParams};
 use crate::slab::Slab;
 use crate::state::{Event, State};
 use crate::stream::{Half, Stream};
-use crate::{LaneError, LaneId, MuxConfig, MuxEvent, MuxStats, Side, StreamEnd, StreamKey};
+use crate::{
+    LaneError, LaneId, MuxConfig, MuxEvent, MuxStats, Side, StreamEnd, StreamKey, TransportEnd,
+};
 
 /// Most chunks handed to the transport by one [`Mux::poll_transmit`]: well under `IOV_MAX`
 /// (1,024 on Linux) so one vectored write takes them all.
@@ -98,7 +100,7 @@ pub struct Mux {
     pub(crate) ready_lanes: u64,
     pub(crate) stats: MuxStats,
     /// The peer sent GOAWAY with this code.
-    pub(crate) peer_goaway: Option<u32>,
+    pub(crate) peer_goaway: Option<velo_wire::GoAwayCode>,
     /// This side sent GOAWAY (once is enough).
     pub(crate) local_goaway: bool,
 }
@@ -186,7 +188,7 @@ impl Mux {
     }
 
     /// The peer's GOAWAY code, if it sent one.
-    pub fn peer_going_away(&self) -> Option<u32> {
+    pub fn peer_going_away(&self) -> Option<velo_wire::GoAwayCode> {
         self.peer_goaway
     }
 
@@ -219,10 +221,7 @@ impl Mux {
             .get_mut(usize::from(lane.0))
             .expect("lane index below the configured count");
         if l.state == LaneState::Up {
-            self.close_lane(
-                lane,
-                LaneError::Transport("lane replaced by a new connection".into()),
-            );
+            self.close_lane(lane, LaneError::Transport(TransportEnd::Replaced));
         }
         let l = &mut self.lanes[usize::from(lane.0)];
         *l = Lane::new(max_frame_len, now);
@@ -243,8 +242,8 @@ impl Mux {
 
     /// Reports that `lane`'s transport failed or ended. Every live stream on it ends, exactly
     /// once, with `reason`.
-    pub fn handle_lane_lost(&mut self, lane: LaneId, reason: impl Into<String>) {
-        self.close_lane(lane, LaneError::Transport(reason.into()));
+    pub fn handle_lane_lost(&mut self, lane: LaneId, end: TransportEnd) {
+        self.close_lane(lane, LaneError::Transport(end));
     }
 
     /// Closes `lane` from this side (for example at shutdown): its streams end as lost, and a
@@ -264,7 +263,7 @@ impl Mux {
     /// connection), and open streams finish normally. OPENs already on their way when the
     /// GOAWAY left still arrive as [`MuxEvent::Opened`]: the frontend's application decides
     /// (it serves the streams it registered before going away).
-    pub fn go_away(&mut self, now: Instant, code: u32) {
+    pub fn go_away(&mut self, now: Instant, code: velo_wire::GoAwayCode) {
         if std::mem::replace(&mut self.local_goaway, true) {
             return;
         }

@@ -113,7 +113,7 @@ impl Mux {
     /// Frontend: ends the stream now (hard cancel, or refusal of an OPEN with `code`
     /// [`CancelCode::REFUSED`]). Queued items are dropped; the worker is told with CANCEL and
     /// records still in flight are dropped as stale when they arrive.
-    pub fn cancel(&mut self, now: Instant, key: StreamKey, code: u32) {
+    pub fn cancel(&mut self, now: Instant, key: StreamKey, code: CancelCode) {
         let Some(s) = self.streams.get_mut(key) else {
             return;
         };

@@ -4,7 +4,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use velo_wire::{
-    DataKind, Record, StreamId, Token, data_header_len, encode_data_header, encode_open, open_len,
+    DataKind, ErrorCode, Record, StreamId, Token, data_header_len, encode_data_header, encode_open,
+    open_len,
 };
 
 use crate::lane::LaneState;
@@ -24,7 +25,7 @@ enum Placement {
 
 /// Error code sent in an ERROR record when a worker releases a stream it never finished
 /// (the application dropped its sender): the frontend sees an abnormal end.
-pub const RESET_DROPPED: u32 = u32::MAX;
+pub const RESET_DROPPED: ErrorCode = ErrorCode::DROPPED;
 
 impl Mux {
     /// Worker: opens a stream on the least-loaded lane and queues its OPEN record carrying
@@ -186,7 +187,7 @@ impl Mux {
         &mut self,
         now: Instant,
         key: StreamKey,
-        code: u32,
+        code: ErrorCode,
         message: &str,
     ) -> Result<(), SendError> {
         let s = self.streams.get(key).ok_or(SendError::UnknownStream)?;

@@ -189,8 +189,10 @@ impl Pair {
             self.wire[d][i].clear();
             self.rx[d][i].clear();
         }
-        self.worker.handle_lane_lost(lane, "killed by the test");
-        self.frontend.handle_lane_lost(lane, "killed by the test");
+        self.worker
+            .handle_lane_lost(lane, crate::TransportEnd::Aborted);
+        self.frontend
+            .handle_lane_lost(lane, crate::TransportEnd::Aborted);
         self.collect_events();
     }
 

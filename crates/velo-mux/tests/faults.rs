@@ -11,7 +11,7 @@ use velo_mux::{
     CloseReason, LaneError, LaneId, LaneState, MuxConfig, MuxEvent, OpenError, Recv, SendError,
     Side, StreamEnd,
 };
-use velo_wire::{Batch, CancelCode, CloseCode, Frame, Record, StreamId, Token};
+use velo_wire::{Batch, CancelCode, CloseCode, Frame, GoAwayCode, Record, StreamId, Token};
 
 use common::*;
 
@@ -82,16 +82,18 @@ fn cancel_ends_the_stream_on_both_sides_exactly_once() {
         closed,
         vec![&MuxEvent::Closed {
             stream: s,
-            reason: CloseReason::Cancelled(0)
+            reason: CloseReason::Cancelled(CancelCode::CANCELLED)
         }]
     );
     assert_eq!(
         pair.worker.send(pair.now, s, b"x"),
-        Err(SendError::Closed(StreamEnd::Cancelled(0)))
+        Err(SendError::Closed(StreamEnd::Cancelled(
+            CancelCode::CANCELLED
+        )))
     );
     assert_eq!(
         pair.frontend_read(f),
-        vec![Recv::End(StreamEnd::Cancelled(0))]
+        vec![Recv::End(StreamEnd::Cancelled(CancelCode::CANCELLED))]
     );
     assert!(
         pair.frontend.stats().stale_drops >= 1,
@@ -108,7 +110,7 @@ fn dropping_the_receiver_cancels_the_stream() {
     pair.drive();
     assert!(pair.worker_events.contains(&MuxEvent::Closed {
         stream: s,
-        reason: CloseReason::Cancelled(0)
+        reason: CloseReason::Cancelled(CancelCode::CANCELLED)
     }));
     assert_eq!(pair.frontend.stream_count(), 0);
 }
@@ -348,12 +350,14 @@ fn goaway_refuses_new_streams_while_open_ones_finish() {
     let mut pair = Pair::new(default_configs());
     let (s, ticket) = pair.open_stream(PROLOGUE);
     pair.drive();
-    pair.frontend.go_away(pair.now, 0);
+    pair.frontend.go_away(pair.now, GoAwayCode::DRAIN);
     pair.drive();
-    assert!(pair.worker_events.contains(&MuxEvent::GoAway { code: 0 }));
+    assert!(pair.worker_events.contains(&MuxEvent::GoAway {
+        code: GoAwayCode::DRAIN
+    }));
     assert_eq!(
         pair.worker.open(pair.now, 1, &Token([0; 16]), PROLOGUE),
-        Err(OpenError::GoingAway(0))
+        Err(OpenError::GoingAway(GoAwayCode::DRAIN))
     );
     pair.worker_send(s, b"still here");
     pair.worker_finish(s, b"");
@@ -500,7 +504,7 @@ fn an_open_in_flight_when_the_frontend_goes_away_is_still_delivered() {
     let mut pair = Pair::new(default_configs());
     // The worker opens before it can know; the frontend goes away while the OPEN travels.
     let (s, ticket) = pair.open_stream(PROLOGUE);
-    pair.frontend.go_away(pair.now, 0);
+    pair.frontend.go_away(pair.now, GoAwayCode::DRAIN);
     pair.drive();
     // The frontend's application decides (it serves streams it registered before going
     // away); the mux does not refuse them on its own.

@@ -9,7 +9,7 @@ use velo_mux::testing::Pair;
 use velo_mux::{
     FlushPolicy, LaneId, MuxConfig, MuxEvent, Recv, SendError, Side, StreamEnd, StreamKey,
 };
-use velo_wire::{CancelCode, Token};
+use velo_wire::{CancelCode, ErrorCode, GoAwayCode, Token};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -185,7 +185,9 @@ impl World {
                 let r = if matches!(op, Op::Finish { .. }) {
                     self.pair.worker.finish(now, key, bytes::Bytes::new())
                 } else {
-                    self.pair.worker.reset(now, key, 7, "engine failed")
+                    self.pair
+                        .worker
+                        .reset(now, key, ErrorCode(7), "engine failed")
                 };
                 if r.is_ok() {
                     assert!(!self.streams[i].worker_ended_locally, "ended twice locally");
@@ -232,7 +234,7 @@ impl World {
                 self.pair.step();
             }
             Op::KillLane { lane } => self.pair.kill_lane(LaneId(lane)),
-            Op::GoAway => self.pair.frontend.go_away(now, 0),
+            Op::GoAway => self.pair.frontend.go_away(now, GoAwayCode::DRAIN),
         }
         self.pair.step_now();
         self.absorb_events();

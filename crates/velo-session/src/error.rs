@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use velo_mux::handshake::HandshakeError;
-use velo_mux::{OpenError, StreamEnd};
+use velo_mux::{OpenError, SendError, StreamEnd};
 use velo_wire::{CloseCode, WireError};
 
 /// Why a worker could not prepare its connection to a frontend. Not cached: the next request
@@ -96,7 +96,8 @@ pub enum StreamError {
         /// Largest allowed.
         max: u32,
     },
-    /// The connection is gone (every lane closed).
-    #[error("connection to the peer is closed")]
-    Disconnected,
+    /// Caller's fault: the call does not fit the stream (it was released, or belongs to the
+    /// other side). A bug in the code using this crate, never the peer's doing.
+    #[error("stream misused: {0}")]
+    Misuse(#[source] SendError),
 }

@@ -253,7 +253,7 @@ impl FrontendEndpoint {
     /// Tells every worker this frontend takes no new streams (GOAWAY); open ones finish.
     pub fn go_away(&self) {
         for p in self.peers() {
-            p.go_away(0);
+            p.go_away(velo_wire::GoAwayCode::DRAIN);
         }
     }
 

@@ -193,7 +193,7 @@ impl Peer {
     }
 
     /// Tells the peer this side takes no new streams (GOAWAY); open streams go on.
-    pub fn go_away(&self, code: u32) {
+    pub fn go_away(&self, code: velo_wire::GoAwayCode) {
         self.with(|st, now| st.mux.go_away(now, code));
     }
 
@@ -432,7 +432,7 @@ impl PeerState {
                     }
                 }
                 MuxEvent::GoAway { code } => {
-                    tracing::debug!(code, "peer is going away");
+                    tracing::debug!(%code, "peer is going away");
                     going_away = true;
                 }
                 MuxEvent::Opened {

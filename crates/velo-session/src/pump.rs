@@ -10,7 +10,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use velo_mux::{LaneId, LaneState, MAX_TRANSMIT_CHUNKS};
+use velo_mux::{LaneId, LaneState, MAX_TRANSMIT_CHUNKS, TransportEnd};
 
 use crate::io::{self as lane_io, LaneRead, LaneWrite};
 use crate::peer::Peer;
@@ -44,11 +44,11 @@ pub(crate) async fn run_reader(
         };
         match result {
             Ok(0) => {
-                peer.with(|st, _| st.mux.handle_lane_lost(lane, "peer closed the connection"));
+                peer.with(|st, _| st.mux.handle_lane_lost(lane, TransportEnd::Closed));
                 break;
             }
             Err(e) => {
-                peer.with(|st, _| st.mux.handle_lane_lost(lane, format!("read failed: {e}")));
+                peer.with(|st, _| st.mux.handle_lane_lost(lane, TransportEnd::read(e)));
                 break;
             }
             Ok(_) => {
@@ -111,7 +111,7 @@ pub(crate) async fn run_writer(peer: Peer, lane: LaneId, mut write: Box<dyn Lane
             () = sleep_until(deadline) => {}
             () = ctl.token.cancelled() => {
                 // Aborted from outside: the lane ends now, its streams as lost.
-                peer.with(|st, _| st.mux.handle_lane_lost(lane, "endpoint aborted"));
+                peer.with(|st, _| st.mux.handle_lane_lost(lane, TransportEnd::Aborted));
                 break;
             }
         }
@@ -154,7 +154,7 @@ async fn write_chunks(
             tokio::select! {
                 r = &mut written => break Some(r),
                 () = ctl.token.cancelled() => {
-                    peer.with(|st, _| st.mux.handle_lane_lost(lane, "endpoint aborted"));
+                    peer.with(|st, _| st.mux.handle_lane_lost(lane, TransportEnd::Aborted));
                     break None;
                 }
                 () = sleep_until(deadline) => {
@@ -183,7 +183,7 @@ async fn write_chunks(
             true
         }
         Some(Err(e)) => {
-            peer.with(|st, _| st.mux.handle_lane_lost(lane, format!("write failed: {e}")));
+            peer.with(|st, _| st.mux.handle_lane_lost(lane, TransportEnd::write(e)));
             false
         }
         None => false,

@@ -95,7 +95,7 @@ impl RecvStream {
     }
 
     /// Ends the stream now; the worker sees a CANCEL with `code`.
-    pub fn cancel(&mut self, code: u32) {
+    pub fn cancel(&mut self, code: CancelCode) {
         let key = self.key;
         self.peer.with(|st, now| st.mux.cancel(now, key, code));
     }
@@ -159,7 +159,7 @@ impl IncomingStream {
 
     /// Refuses the stream; the worker sees a CANCEL with `code`
     /// (typically [`CancelCode::REFUSED`]).
-    pub fn refuse(mut self, code: u32) {
+    pub fn refuse(mut self, code: CancelCode) {
         if let Some(mut s) = self.stream.take() {
             s.cancel(code);
         }

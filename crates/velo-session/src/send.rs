@@ -99,7 +99,7 @@ impl SendStream {
     /// # Errors
     ///
     /// [`StreamError::Closed`] if the stream had already ended.
-    pub fn reset(mut self, code: u32, message: &str) -> Result<(), StreamError> {
+    pub fn reset(mut self, code: velo_wire::ErrorCode, message: &str) -> Result<(), StreamError> {
         let key = self.key;
         let r = self
             .peer
@@ -164,7 +164,7 @@ impl SendStream {
             Err(SendError::WouldBlock(Blocked::Lane)) => {
                 match st.mux.stream_lane(key) {
                     Some(lane) => Peer::register_lane(st, lane, cx.waker()),
-                    None => return Poll::Ready(Err(StreamError::Disconnected)),
+                    None => return Poll::Ready(Err(StreamError::Misuse(SendError::UnknownStream))),
                 }
                 Poll::Pending
             }
@@ -201,10 +201,8 @@ fn map_send_error(e: SendError) -> StreamError {
     match e {
         SendError::Closed(end) => StreamError::Closed(end),
         SendError::TooLarge { len, max } => StreamError::TooLarge { len, max },
-        SendError::UnknownStream | SendError::WrongSide | SendError::WouldBlock(_) => {
-            StreamError::Disconnected
-        }
-        _ => StreamError::Disconnected,
+        // Unknown streams, the wrong side; backpressure never gets here (the callers wait).
+        misuse => StreamError::Misuse(misuse),
     }
 }
 

@@ -37,6 +37,7 @@
 
 mod batch;
 mod close;
+mod codes;
 mod error;
 mod frame;
 mod hello;
@@ -50,13 +51,14 @@ pub mod fuzzing;
 
 pub use batch::{Batch, Records};
 pub use close::{Close, MAX_CLOSE_REASON_LEN};
+pub use codes::{CancelCode, CloseCode, ErrorCode, GoAwayCode};
 pub use error::WireError;
 pub use frame::{FRAME_HEADER_LEN, Frame, FrameDecoder, FrameKind, frame_header};
 pub use hello::{HELLO_BODY_LEN, Hello, MAX_LANES};
-pub use ids::{CloseCode, InstanceId, Role, StreamId, Token};
+pub use ids::{InstanceId, Role, StreamId, Token};
 pub use record::{
-    CancelCode, DataKind, MAX_DATA_HEADER_LEN, Record, data_header_len, encode_data_header,
-    encode_open, open_len,
+    DataKind, MAX_DATA_HEADER_LEN, Record, data_header_len, encode_data_header, encode_open,
+    open_len,
 };
 
 /// The protocol version this crate speaks.

@@ -3,7 +3,7 @@
 use bytes::{BufMut, Bytes};
 
 use crate::varint::{self, MAX_LEN_U32, MAX_LEN_U64};
-use crate::{StreamId, Token, WireError};
+use crate::{CancelCode, ErrorCode, GoAwayCode, StreamId, Token, WireError};
 
 /// One record inside a batch frame.
 ///
@@ -49,7 +49,7 @@ pub enum Record {
         /// The stream.
         stream: StreamId,
         /// An application-defined error code.
-        code: u32,
+        code: ErrorCode,
         /// A human-readable message.
         message: String,
     },
@@ -62,8 +62,8 @@ pub enum Record {
     Cancel {
         /// The stream.
         stream: StreamId,
-        /// Why; see [`CancelCode`].
-        code: u32,
+        /// Why.
+        code: CancelCode,
     },
     /// The acceptor lets the opener send `grant` more records on the stream.
     Credit {
@@ -76,26 +76,9 @@ pub enum Record {
     Heartbeat,
     /// The sender accepts no new streams; existing ones may finish.
     GoAway {
-        /// Why; `0` is an orderly drain.
-        code: u32,
+        /// Why; [`GoAwayCode::DRAIN`] is an orderly drain.
+        code: GoAwayCode,
     },
-}
-
-/// Reasons carried by [`Record::Cancel`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CancelCode;
-
-impl CancelCode {
-    /// The consumer cancelled (kill, or dropped its receiver).
-    pub const CANCELLED: u32 = 0;
-    /// The acceptor does not know the stream's ticket, or the token is wrong.
-    pub const REFUSED: u32 = 1;
-    /// The acceptor is at its limit of streams for this peer.
-    pub const TOO_MANY_STREAMS: u32 = 2;
-    /// The acceptor is draining and takes no new streams.
-    pub const GOING_AWAY: u32 = 3;
-    /// The opener broke the stream's rules (sequence, credit); the stream is dropped.
-    pub const PROTOCOL_ERROR: u32 = 4;
 }
 
 /// Record kind bytes.
@@ -261,14 +244,14 @@ impl Record {
                 message,
             } => {
                 put_stream_header(dst, kind::ERROR, *stream);
-                varint::put_u64(dst, u64::from(*code));
+                varint::put_u64(dst, u64::from(code.0));
                 varint::put_u64(dst, u64::from(len_u32(message.as_bytes())));
                 dst.put_slice(message.as_bytes());
             }
             Self::Stop { stream } => put_stream_header(dst, kind::STOP, *stream),
             Self::Cancel { stream, code } => {
                 put_stream_header(dst, kind::CANCEL, *stream);
-                varint::put_u64(dst, u64::from(*code));
+                varint::put_u64(dst, u64::from(code.0));
             }
             Self::Credit { stream, grant } => {
                 put_stream_header(dst, kind::CREDIT, *stream);
@@ -277,7 +260,7 @@ impl Record {
             Self::Heartbeat => dst.put_u8(kind::HEARTBEAT),
             Self::GoAway { code } => {
                 dst.put_u8(kind::GOAWAY);
-                varint::put_u64(dst, u64::from(*code));
+                varint::put_u64(dst, u64::from(code.0));
             }
         }
     }
@@ -307,12 +290,12 @@ impl Record {
                 stream,
                 code,
                 message,
-            } => 1 + stream_len(stream) + varint::len_u32(*code) + blob(message.as_bytes()),
+            } => 1 + stream_len(stream) + varint::len_u32(code.0) + blob(message.as_bytes()),
             Self::Stop { stream } => 1 + stream_len(stream),
-            Self::Cancel { stream, code } => 1 + stream_len(stream) + varint::len_u32(*code),
+            Self::Cancel { stream, code } => 1 + stream_len(stream) + varint::len_u32(code.0),
             Self::Credit { stream, grant } => 1 + stream_len(stream) + varint::len_u32(*grant),
             Self::Heartbeat => 1,
-            Self::GoAway { code } => 1 + varint::len_u32(*code),
+            Self::GoAway { code } => 1 + varint::len_u32(code.0),
         }
     }
 
@@ -377,7 +360,7 @@ impl Record {
             kind::ERROR => {
                 c.record = "error";
                 let stream = c.stream()?;
-                let code = c.u32("code")?;
+                let code = ErrorCode(c.u32("code")?);
                 let message = c.blob(body, "message")?;
                 let message = std::str::from_utf8(&message)
                     .map_err(|_| WireError::InvalidUtf8 {
@@ -401,14 +384,14 @@ impl Record {
                 let stream = c.stream()?;
                 Self::Cancel {
                     stream,
-                    code: c.u32("code")?,
+                    code: CancelCode(c.u32("code")?),
                 }
             }
             kind::HEARTBEAT => Self::Heartbeat,
             kind::GOAWAY => {
                 c.record = "goaway";
                 Self::GoAway {
-                    code: c.u32("code")?,
+                    code: GoAwayCode(c.u32("code")?),
                 }
             }
             other => return Err(WireError::UnknownRecord { kind: other }),

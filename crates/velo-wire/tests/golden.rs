@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 use velo_wire::{
-    Batch, Close, CloseCode, DEFAULT_MAX_FRAME_LEN, Frame, FrameDecoder, Hello, InstanceId, Record,
-    Role, StreamId, Token,
+    Batch, CancelCode, Close, CloseCode, DEFAULT_MAX_FRAME_LEN, ErrorCode, Frame, FrameDecoder,
+    GoAwayCode, Hello, InstanceId, Record, Role, StreamId, Token,
 };
 
 /// Every `hex` block of the spec, by the name on its `# vector:` line.
@@ -107,14 +107,16 @@ fn expected_frames() -> BTreeMap<&'static str, Frame> {
             Frame::Batch(Batch::from_records(&[
                 Record::Error {
                     stream: StreamId::new(300, 2),
-                    code: 7,
+                    code: ErrorCode(7),
                     message: "engine failed".into(),
                 },
                 Record::Cancel {
                     stream: StreamId::new(5, 0),
-                    code: 0,
+                    code: CancelCode::CANCELLED,
                 },
-                Record::GoAway { code: 0 },
+                Record::GoAway {
+                    code: GoAwayCode::DRAIN,
+                },
             ])),
         ),
         (

@@ -4,7 +4,8 @@
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use velo_wire::{
-    Batch, Close, CloseCode, Frame, FrameDecoder, Hello, InstanceId, Record, Role, StreamId, Token,
+    Batch, CancelCode, Close, CloseCode, ErrorCode, Frame, FrameDecoder, GoAwayCode, Hello,
+    InstanceId, Record, Role, StreamId, Token,
 };
 
 const MAX: u32 = 1 << 20;
@@ -33,12 +34,12 @@ fn record() -> impl Strategy<Value = Record> {
         1 => (stream_id(), any::<u32>(), payload())
             .prop_map(|(stream, seq, payload)| Record::Final { stream, seq, payload }),
         1 => (stream_id(), any::<u32>(), ".{0,40}")
-            .prop_map(|(stream, code, message)| Record::Error { stream, code, message }),
+            .prop_map(|(stream, code, message)| Record::Error { stream, code: ErrorCode(code), message }),
         1 => stream_id().prop_map(|stream| Record::Stop { stream }),
-        1 => (stream_id(), any::<u32>()).prop_map(|(stream, code)| Record::Cancel { stream, code }),
+        1 => (stream_id(), any::<u32>()).prop_map(|(stream, code)| Record::Cancel { stream, code: CancelCode(code) }),
         1 => (stream_id(), 1u32..).prop_map(|(stream, grant)| Record::Credit { stream, grant }),
         1 => Just(Record::Heartbeat),
-        1 => any::<u32>().prop_map(|code| Record::GoAway { code }),
+        1 => any::<u32>().prop_map(|code| Record::GoAway { code: GoAwayCode(code) }),
     ]
 }
 

@@ -2,7 +2,7 @@
 
 use bytes::{Buf, BytesMut};
 
-use crate::ResponseError;
+use crate::{ProtocolViolation, ResponseError};
 
 pub(crate) const HEADER: usize = 5;
 
@@ -38,9 +38,10 @@ pub(crate) fn decode(
     };
     let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
     if len == 0 || len > max.saturating_add(1) {
-        return Err(ResponseError::Protocol {
-            reason: format!("message length {len} outside 1..={}", u64::from(max) + 1),
-        });
+        return Err(ResponseError::Protocol(ProtocolViolation::MessageLength {
+            len,
+            max: u64::from(max) + 1,
+        }));
     }
     let total = HEADER - 1 + len as usize;
     if buf.len() < total {

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
-use crate::{ResponseError, prologue};
+use crate::{Cause, Disconnect, ProtocolViolation, ResponseError, prologue};
 
 /// Time a new connection has to name its stream.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -159,9 +159,9 @@ async fn read_message(
         let n = stream
             .read_buf(buf)
             .await
-            .map_err(ResponseError::ended_early)?;
+            .map_err(|e| ResponseError::lost(Cause::io(e)))?;
         if n == 0 {
-            return Err(ResponseError::ended_early("connection closed"));
+            return Err(ResponseError::Disconnected(Disconnect::Closed));
         }
     }
 }
@@ -178,9 +178,9 @@ impl Incoming {
     pub(crate) async fn prologue(mut self) -> Result<ClassicReader, ResponseError> {
         let (kind, body) = read_message(&mut self.stream, &mut self.buf, self.max).await?;
         if kind != PROLOGUE {
-            return Err(ResponseError::Protocol {
-                reason: format!("expected the prologue, got message kind {kind:#04x}"),
-            });
+            return Err(ResponseError::Protocol(
+                ProtocolViolation::ExpectedPrologue { kind },
+            ));
         }
         prologue::decode(&body)?;
         let (read, write) = self.stream.into_split();
@@ -225,17 +225,17 @@ impl ClassicReader {
                     self.ended = true;
                     self.write = None;
                     if !self.buf.is_empty() {
-                        return Poll::Ready(Some(Err(ResponseError::Protocol {
-                            reason: "data after the final item".into(),
-                        })));
+                        return Poll::Ready(Some(Err(ResponseError::Protocol(
+                            ProtocolViolation::DataAfterFinal,
+                        ))));
                     }
                     return Poll::Ready(None);
                 }
                 Ok(Some((kind, _))) => {
                     self.ended = true;
-                    return Poll::Ready(Some(Err(ResponseError::Protocol {
-                        reason: format!("unexpected message kind {kind:#04x}"),
-                    })));
+                    return Poll::Ready(Some(Err(ResponseError::Protocol(
+                        ProtocolViolation::UnexpectedMessage { kind },
+                    ))));
                 }
                 Ok(None) => {}
             }
@@ -250,14 +250,12 @@ impl ClassicReader {
                 Ok(n) => n,
                 Err(e) => {
                     self.ended = true;
-                    return Poll::Ready(Some(Err(ResponseError::ended_early(e))));
+                    return Poll::Ready(Some(Err(ResponseError::lost(Cause::io(e)))));
                 }
             };
             if n == 0 {
                 self.ended = true;
-                return Poll::Ready(Some(Err(ResponseError::ended_early(
-                    "the worker closed the connection",
-                ))));
+                return Poll::Ready(Some(Err(ResponseError::Disconnected(Disconnect::Closed))));
             }
         }
     }

@@ -14,8 +14,8 @@ use tokio_util::task::TaskTracker;
 
 use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
-use crate::ResponseError;
 use crate::info::{StreamAddress, hex_token};
+use crate::{Cause, ResponseError};
 
 /// Time to connect to the frontend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -129,15 +129,15 @@ impl ClassicDialer {
         if self.stop.is_cancelled() {
             return Err(ResponseError::Closed);
         }
-        let unreachable = |e: std::io::Error| ResponseError::Unreachable {
-            reason: format!("{}: {e}", addr.addr),
+        let unreachable = |cause| ResponseError::Unreachable {
+            addr: addr.addr,
+            cause,
         };
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr.addr))
             .await
-            .map_err(|_| ResponseError::Unreachable {
-                reason: format!("{}: connect timed out", addr.addr),
-            })?
-            .map_err(unreachable)?;
+            .map_err(|_| unreachable(Cause::timeout(CONNECT_TIMEOUT)))?
+            .map_err(|e| unreachable(Cause::io(e)))?;
+        let unreachable = |e| unreachable(Cause::io(e));
         stream.set_nodelay(true).map_err(unreachable)?;
         set_liveness(&stream, self.liveness).map_err(unreachable)?;
         let (read, write) = stream.into_split();
@@ -195,7 +195,7 @@ impl ClassicWriter {
         self.write
             .shutdown()
             .await
-            .map_err(ResponseError::ended_early)
+            .map_err(|e| ResponseError::lost(Cause::io(e)))
     }
 
     async fn send_message(&mut self, kind: u8, payload: &[u8]) -> Result<(), ResponseError> {
@@ -213,7 +213,7 @@ impl ClassicWriter {
         match self.write.write_all(&self.out).await {
             Ok(()) => Ok(()),
             Err(_) if self.control.is_killed() => Err(ResponseError::Cancelled { graceful: false }),
-            Err(e) => Err(ResponseError::ended_early(e)),
+            Err(e) => Err(ResponseError::lost(Cause::io(e))),
         }
     }
 }

@@ -71,7 +71,7 @@ fn check_prologue(bytes: &[u8]) {
     let decoded = prologue::decode(bytes);
     let again = match &decoded {
         Ok(()) => prologue::decode(&prologue::encode(&Ok(()))),
-        Err(ResponseError::CannotConnect { cause }) => {
+        Err(ResponseError::Refused { cause }) => {
             prologue::decode(&prologue::encode(&Err(cause.clone())))
         }
         Err(_) => return,

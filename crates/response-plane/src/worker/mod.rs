@@ -19,8 +19,8 @@ use crate::info::{self, StreamAddress};
 use crate::stats::PlaneStats;
 use crate::velo::{self, WorkerTransport};
 use crate::{
-    ConnectionInfo, Plane, ResponseError, ResponsePlaneConfig, StartError, TypedError,
-    VeloTransport,
+    Cause, ConnectionInfo, InvalidInfo, Plane, ResponseError, ResponsePlaneConfig, StartError,
+    TypedError, VeloTransport,
 };
 use sender::Kind;
 
@@ -105,9 +105,9 @@ impl WorkerPlane {
             info::VELO_TCP => (Plane::Velo, Some(VeloTransport::Tcp)),
             info::VELO_UCX => (Plane::Velo, Some(VeloTransport::Ucx)),
             other => {
-                return Err(ResponseError::InvalidConnectionInfo {
-                    reason: format!("unknown transport {other:?}"),
-                });
+                return Err(ResponseError::InvalidConnectionInfo(
+                    InvalidInfo::UnknownTransport(other.to_owned()),
+                ));
             }
         };
         let address = StreamAddress::parse(info)?;
@@ -124,8 +124,8 @@ impl WorkerPlane {
         };
         if requested != self.inner.config.plane {
             let err = ResponseError::PlaneMismatch {
-                requested: requested.name().to_owned(),
-                configured: self.inner.config.plane.name().to_owned(),
+                requested,
+                configured: self.inner.config.plane,
             };
             let cause = TypedError::new("ResponsePlaneMismatch", err.to_string());
             // Best effort: the frontend learns why; this request is not served either way.
@@ -143,17 +143,20 @@ impl WorkerPlane {
         address: &StreamAddress,
     ) -> Result<Peer, ResponseError> {
         let instance = address.instance_id()?;
+        let addr = address.addr;
         let worker = self
             .velo_worker(transport)
             .map_err(|e| ResponseError::Unreachable {
-                reason: e.to_string(),
+                addr,
+                cause: Cause::start(e),
             })?;
         worker
             .endpoint()
-            .peer(address.addr, instance)
+            .peer(addr, instance)
             .await
             .map_err(|e| ResponseError::Unreachable {
-                reason: e.to_string(),
+                addr,
+                cause: Cause::connect(e),
             })
     }
 

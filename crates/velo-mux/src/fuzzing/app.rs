@@ -98,7 +98,10 @@ impl World {
         let Some((i, key)) = self.model.worker_stream(stream) else {
             return;
         };
-        match self.worker.reset(self.now, key, 7, "engine failed") {
+        match self
+            .worker
+            .reset(self.now, key, velo_wire::ErrorCode(7), "engine failed")
+        {
             Ok(()) => self.model.worker_ended(i),
             Err(SendError::Closed(_)) => {}
             Err(e) => panic!("reset failed for a valid call: {e}"),
@@ -148,7 +151,7 @@ impl World {
 
     pub(super) fn cancel(&mut self, stream: u8, code: u8) {
         if let Some((_, key)) = self.model.frontend_stream(stream) {
-            let code = u32::from(code % CANCEL_CODES);
+            let code = CancelCode(u32::from(code % CANCEL_CODES));
             self.frontend.cancel(self.now, key, code);
         }
     }

@@ -90,7 +90,8 @@ impl World {
             }
             Op::GoAway { who, code } => {
                 let now = self.now;
-                self.mux(who).go_away(now, u32::from(code));
+                self.mux(who)
+                    .go_away(now, velo_wire::GoAwayCode(u32::from(code)));
             }
             Op::Transmit { who, lane } => {
                 self.transmit(who, self.lane(lane));
@@ -161,9 +162,10 @@ impl World {
             self.wire[side][i].clear();
             self.rx[side][i].clear();
         }
-        self.worker.handle_lane_lost(lane, "killed by the fuzz run");
+        self.worker
+            .handle_lane_lost(lane, crate::TransportEnd::Aborted);
         self.frontend
-            .handle_lane_lost(lane, "killed by the fuzz run");
+            .handle_lane_lost(lane, crate::TransportEnd::Aborted);
     }
 
     /// The lane writer of `who`: timers, then one transmit, written at once. Returns whether
@@ -236,7 +238,7 @@ impl World {
                 && self.wire[who as usize][i].is_empty();
             if done && self.mux(other).lane_state(lane) == LaneState::Up {
                 self.mux(other)
-                    .handle_lane_lost(lane, "the peer closed the transport");
+                    .handle_lane_lost(lane, crate::TransportEnd::Closed);
                 self.absorb();
                 return true;
             }
@@ -317,19 +319,21 @@ fn injected_record(kind: u8, id: StreamId, value: u32) -> Record {
         },
         3 => Record::Error {
             stream: id,
-            code: value,
+            code: velo_wire::ErrorCode(value),
             message: "injected".into(),
         },
         4 => Record::Stop { stream: id },
         5 => Record::Cancel {
             stream: id,
-            code: value % 6,
+            code: velo_wire::CancelCode(value % 6),
         },
         6 => Record::Credit {
             stream: id,
             grant: value % 70 + 1,
         },
         7 => Record::Heartbeat,
-        _ => Record::GoAway { code: value },
+        _ => Record::GoAway {
+            code: velo_wire::GoAwayCode(value),
+        },
     }
 }
