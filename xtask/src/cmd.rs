@@ -122,6 +122,23 @@ impl Cmd {
         }
     }
 
+    /// Runs the command with its standard output and error written to `log` (created or
+    /// truncated), and returns its exit status, whatever it is.
+    pub(crate) fn run_logged(&self, log: &Path) -> Result<std::process::ExitStatus> {
+        self.echo();
+        eprintln!("  (output in {})", log.display());
+        let file = std::fs::File::create(log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let err = file
+            .try_clone()
+            .map_err(|e| format!("cannot reopen {}: {e}", log.display()))?;
+        self.command()
+            .stdout(file)
+            .stderr(err)
+            .status()
+            .map_err(|e| format!("cannot run `{self}`: {e}").into())
+    }
+
     /// Whether the command runs and exits successfully; its error output is hidden, since a
     /// failure is an answer here, not a problem.
     pub(crate) fn succeeds(&self) -> bool {

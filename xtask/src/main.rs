@@ -9,6 +9,7 @@ mod ci;
 mod cmd;
 mod flags;
 mod flaky;
+mod fuzz;
 mod fuzz_smoke;
 mod layers;
 mod metadata;
@@ -31,7 +32,11 @@ Commands:
   check-layers             fail on dependency edges against the crate layering
   flaky [--runs N]         the test matrix N times (3) while one busy thread per core
                            competes with it: finds tests that depend on timing
-  fuzz-smoke [--secs N]    replay the fuzz corpus; with cargo-fuzz, fuzz each target N s (10)
+  fuzz-smoke [--secs N]    replay every fuzz target's corpus under cargo test, then fuzz
+                           each target N s (60, CI's budget) and print its exec count
+  fuzz [--secs N | --runs N] [--target T]
+                           a long local campaign: each target (or T) in turn for N s (600)
+                           or N inputs; new inputs go to fuzz/target/campaign-corpus/
   bench [--save NAME | --baseline NAME]
                            criterion benches of velo-wire and velo-mux
   soak [--duration 10m] [--plane velo|tcp] [--concurrency N] [--summary PATH]
@@ -40,6 +45,7 @@ Commands:
 
 Environment:
   VELO_REQUIRE_UCX=1       fail instead of skipping the UCX rows when UCX is not found
+  VELO_REQUIRE_FUZZ=1      fail instead of only replaying when cargo-fuzz is not installed
 ";
 
 fn main() -> ExitCode {
@@ -74,6 +80,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         }
         "flaky" => flaky::run(flaky::Options::parse(rest)?)?,
         "fuzz-smoke" => fuzz_smoke::run(fuzz_smoke::Options::parse(rest)?)?,
+        "fuzz" => fuzz::campaign(&fuzz::Options::parse(rest)?)?,
         "bench" => bench::run(&bench::Options::parse(rest)?)?,
         "soak" => soak::run(&soak::Options::parse(rest)?)?,
         other => {
