@@ -7,13 +7,19 @@
 //! reconnects, and bytes a hostile peer sends: arbitrary frames, well-formed records naming
 //! live or stale streams, raw bytes), with every invariant and bound checked after every
 //! operation and a final check that nothing is stuck once both sides are idle.
+//!
+//! [`record_traffic`] records what crosses the lanes of a bench-shaped run, from which
+//! `tests/fuzz_seeds.rs` makes the recorded-traffic seeds of every target's corpus.
 
 mod app;
 mod bounds;
 mod model;
 mod ops;
+mod record;
 mod settle;
 mod world;
+
+pub use record::{Traffic, engine_output, record_traffic};
 
 use std::time::{Duration, Instant};
 
