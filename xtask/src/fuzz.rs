@@ -24,6 +24,10 @@ const DEFAULT_CAMPAIGN_SECS: u64 = 600;
 /// Lines of a failing target's log shown.
 const LOG_TAIL_LINES: usize = 40;
 
+/// Longest one input may run, in seconds, before libFuzzer reports it as a hang: inputs take
+/// well under a millisecond, so this is only ever a livelock.
+const INPUT_TIMEOUT_SECS: u32 = 30;
+
 /// How long, or how many inputs, each target runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Budget {
@@ -216,6 +220,7 @@ fn spawn(target: &str, budget: Budget, scratch: &str) -> Result<(ExitStatus, Pat
         .args(["fuzz", "run", target, "--sanitizer", "none"])
         .args(corpora)
         .args(["--", "-print_final_stats=1"])
+        .arg(format!("-timeout={INPUT_TIMEOUT_SECS}"))
         .arg(budget.libfuzzer_flag())
         .dir(FUZZ_DIR)
         .run_logged(&log)?;
