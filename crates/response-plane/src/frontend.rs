@@ -193,12 +193,15 @@ impl FrontendPlane {
             streams_registered: self.inner.registered.load(Ordering::Relaxed),
             streams_established: self.inner.established.load(Ordering::Relaxed),
             stream_setup_failures: self.inner.failed.load(Ordering::Relaxed),
-            streams_refused: self.inner.refused.load(Ordering::Relaxed),
+            arrivals_refused: self.inner.refused.load(Ordering::Relaxed),
             ..PlaneStats::default()
         };
         match &self.inner.transport {
-            Transport::Classic(f) => s.streams_refused += f.refused.load(Ordering::Relaxed),
-            Transport::Velo(f) => s.add_velo(&f.endpoint().stats(), &f.handshake_stats()),
+            Transport::Classic(f) => s.arrivals_refused += f.refused.load(Ordering::Relaxed),
+            Transport::Velo(f) => {
+                s.mux = f.endpoint().stats();
+                s.handshake = f.handshake_stats();
+            }
         }
         s
     }

@@ -97,7 +97,9 @@ pub use error::{
 pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;
 pub use registry::{MAX_PENDING, MAX_TOMBSTONES, TOMBSTONE_TTL};
-pub use stats::{BATCH_RECORDS_BUCKETS, FLUSH_REASONS, PlaneStats};
+pub use stats::{
+    BATCH_RECORDS_BUCKETS, Counter, FlushReason, HandshakeStats, MuxStats, PlaneStats,
+};
 pub use stream::ResponseStream;
 pub use worker::{ResponseSender, StreamContext, WorkerPlane};
 

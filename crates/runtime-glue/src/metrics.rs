@@ -14,7 +14,8 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use response_plane::{
-    BATCH_RECORDS_BUCKETS, FLUSH_REASONS, FrontendPlane, PlaneStats, WorkerPlane,
+    BATCH_RECORDS_BUCKETS, FlushReason, FrontendPlane, HandshakeStats, MuxStats, PlaneStats,
+    WorkerPlane,
 };
 
 /// Histogram boundaries for stream setup, in seconds: 100 us to 10 s.
@@ -168,6 +169,7 @@ impl Metrics {
         for (i, (side, stats)) in sides.into_iter().enumerate() {
             let Some(stats) = stats else { continue };
             for (b, (&now, before)) in stats
+                .mux
                 .batch_records
                 .iter()
                 .zip(replayed[i].iter_mut())
@@ -206,14 +208,60 @@ impl Sides {
     }
 }
 
+/// Prefix of the plane's own metric names.
+const PREFIX: &str = "velo_response_";
+
+/// Mux counters exported inside the `velo_response_streams_ended{reason}` family instead of
+/// on their own, with their reason label.
+const STREAM_ENDS: [(&str, &str); 5] = [
+    ("streams_finished", "finished"),
+    ("streams_errored", "errored"),
+    ("streams_cancelled", "cancelled"),
+    ("streams_lost", "lost"),
+    ("streams_violated", "violated"),
+];
+
+/// Mux counters exported only through a gauge (`velo_response_lanes_connected`).
+const IN_GAUGES: [&str; 2] = ["lanes_up", "lanes_closed"];
+
+/// How one exported series reads a side's stats.
+type Read = Box<dyn Fn(&PlaneStats) -> u64 + Send + Sync>;
+
+/// Every counter the plane keeps, by the tables that declare them (`PlaneStats::COUNTERS`,
+/// `MuxStats::COUNTERS`, `HandshakeStats::COUNTERS`): a counter added to one of them is
+/// exported as `velo_response_<name>` with its doc line as help, and nothing else changes.
+fn counters() -> Vec<(String, &'static str, Read)> {
+    let plane = PlaneStats::COUNTERS
+        .iter()
+        .map(|c| (c.name, c.help, Box::new(c.read) as Read));
+    let mux = MuxStats::COUNTERS
+        .iter()
+        .filter(|c| !IN_GAUGES.contains(&c.name) && !STREAM_ENDS.iter().any(|(n, _)| *n == c.name))
+        .map(|c| {
+            let read = c.read;
+            (
+                c.name,
+                c.help,
+                Box::new(move |s: &PlaneStats| read(&s.mux)) as Read,
+            )
+        });
+    let handshake = HandshakeStats::COUNTERS.iter().map(|c| {
+        let read = c.read;
+        (
+            c.name,
+            c.help,
+            Box::new(move |s: &PlaneStats| read(&s.handshake)) as Read,
+        )
+    });
+    plane
+        .chain(mux)
+        .chain(handshake)
+        .map(|(name, help, read)| (format!("{PREFIX}{name}"), help, read))
+        .collect()
+}
+
 /// A counter read from each side's stats at scrape time.
-fn observe_counter(
-    meter: &Meter,
-    sides: &Sides,
-    name: &'static str,
-    help: &'static str,
-    read: fn(&PlaneStats) -> u64,
-) {
+fn observe_counter(meter: &Meter, sides: &Sides, name: String, help: &'static str, read: Read) {
     let sides = sides.clone();
     meter
         .u64_observable_counter(name)
@@ -226,157 +274,94 @@ fn observe_counter(
         .build();
 }
 
+/// A family of counters read from each side's stats, one series per label value.
+fn observe_family(
+    meter: &Meter,
+    sides: &Sides,
+    (name, help, label): (&'static str, &'static str, &'static str),
+    series: Vec<(&'static str, Read)>,
+) {
+    let sides = sides.clone();
+    meter
+        .u64_observable_counter(name)
+        .with_description(help)
+        .with_callback(move |obs| {
+            for (side, s) in sides.each() {
+                for (value, read) in &series {
+                    let labels = [KeyValue::new("side", side), KeyValue::new(label, *value)];
+                    obs.observe(read(&s), &labels);
+                }
+            }
+        })
+        .build();
+}
+
 fn register_observables(meter: &Meter, sides: &Sides, active: Arc<Active>) {
-    let worker_only = Sides {
-        frontend: None,
-        worker: sides.worker.clone(),
+    for (name, help, read) in counters() {
+        observe_counter(meter, sides, name, help, read);
+    }
+    let mux_counter = |name: &str| -> Read {
+        let c = MuxStats::COUNTERS
+            .iter()
+            .find(|c| c.name == name)
+            .expect("STREAM_ENDS names mux counters (checked by a test)");
+        let read = c.read;
+        Box::new(move |s: &PlaneStats| read(&s.mux))
     };
-    {
-        let sides = worker_only;
-        meter
-            .u64_observable_counter("dynamo_component_cancellation")
-            .with_description(
-                "Response streams the frontend stopped or killed, counted once each (worker)",
+    let ends = STREAM_ENDS
+        .iter()
+        .map(|&(name, reason)| (reason, mux_counter(name)))
+        .collect();
+    let family = (
+        "velo_response_streams_ended",
+        "Streams ended on the transport, by reason",
+        "reason",
+    );
+    observe_family(meter, sides, family, ends);
+    let flushes = FlushReason::ALL
+        .iter()
+        .map(|&r| {
+            (
+                r.name(),
+                Box::new(move |s: &PlaneStats| s.mux.flushed(r)) as Read,
             )
-            .with_callback(move |obs| {
-                let n: u64 = sides.each().iter().map(|(_, s)| s.cancellations).sum();
-                obs.observe(n, &[]);
-            })
-            .build();
-    }
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_streams_registered",
-        "Streams registered (frontend)",
-        |s| s.streams_registered,
+        })
+        .collect();
+    let family = (
+        "velo_response_flushes",
+        "Batches written, by what flushed them",
+        "reason",
     );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_streams_established",
-        "Streams whose prologue arrived (frontend) or that were set up (worker)",
-        |s| s.streams_established,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_streams_opened",
-        "Streams opened on the transport",
-        |s| s.streams_opened,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_records_sent",
-        "Records written",
-        |s| s.records_sent,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_records_received",
-        "Records read",
-        |s| s.records_received,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_bytes_sent",
-        "Bytes written to the transport",
-        |s| s.bytes_sent,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_bytes_received",
-        "Bytes read from the transport",
-        |s| s.bytes_received,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_batches_sent",
-        "Batches written",
-        |s| s.batches_sent,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_credit_stalls",
-        "Sends that waited for credit",
-        |s| s.credit_stalls,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_stale_drops",
-        "Records dropped for naming a stream that is gone",
-        |s| s.stale_drops,
-    );
-    observe_counter(
-        meter,
-        sides,
-        "velo_response_handshake_failures",
-        "Connections whose handshake failed or timed out",
-        |s| s.handshake_failures,
-    );
-    {
-        let sides = sides.clone();
-        meter
-            .u64_observable_counter("velo_response_streams_ended")
-            .with_description("Streams ended on the transport, by reason")
-            .with_callback(move |obs| {
-                for (side, s) in sides.each() {
-                    for (reason, n) in [
-                        ("finished", s.streams_finished),
-                        ("errored", s.streams_errored),
-                        ("cancelled", s.streams_cancelled),
-                        ("lost", s.streams_lost),
-                    ] {
-                        obs.observe(
-                            n,
-                            &[KeyValue::new("side", side), KeyValue::new("reason", reason)],
-                        );
-                    }
-                }
-            })
-            .build();
-    }
-    {
-        let sides = sides.clone();
-        meter
-            .u64_observable_counter("velo_response_flushes")
-            .with_description("Batches written, by what flushed them")
-            .with_callback(move |obs| {
-                for (side, s) in sides.each() {
-                    for (reason, n) in FLUSH_REASONS.iter().zip(s.flush_reasons) {
-                        obs.observe(
-                            n,
-                            &[
-                                KeyValue::new("side", side),
-                                KeyValue::new("reason", *reason),
-                            ],
-                        );
-                    }
-                }
-            })
-            .build();
-    }
-    {
-        let sides = sides.clone();
-        meter
-            .i64_observable_gauge("velo_response_lanes_connected")
-            .with_description("Lanes up right now")
-            .with_callback(move |obs| {
-                for (side, s) in sides.each() {
-                    let up = i64::try_from(s.lanes_up).unwrap_or(i64::MAX)
-                        - i64::try_from(s.lanes_closed).unwrap_or(0);
-                    obs.observe(up.max(0), &[KeyValue::new("side", side)]);
-                }
-            })
-            .build();
-    }
+    observe_family(meter, sides, family, flushes);
+    register_gauges(meter, sides, active);
+}
+
+/// Gauges, and the one counter Dynamo names without a side.
+fn register_gauges(meter: &Meter, sides: &Sides, active: Arc<Active>) {
+    let worker_only = sides.worker.clone();
+    meter
+        .u64_observable_counter("dynamo_component_cancellation")
+        .with_description(
+            "Response streams the frontend stopped or killed, counted once each (worker)",
+        )
+        .with_callback(move |obs| {
+            let n = worker_only
+                .as_ref()
+                .map_or(0, |w| w.stats().cancellations());
+            obs.observe(n, &[]);
+        })
+        .build();
+    let lanes = sides.clone();
+    meter
+        .i64_observable_gauge("velo_response_lanes_connected")
+        .with_description("Lanes up right now")
+        .with_callback(move |obs| {
+            for (side, s) in lanes.each() {
+                let up = i64::try_from(s.lanes_connected()).unwrap_or(i64::MAX);
+                obs.observe(up, &[KeyValue::new("side", side)]);
+            }
+        })
+        .build();
     meter
         .u64_observable_gauge("velo_response_streams_active")
         .with_description("Response streams in flight through this service")
@@ -391,4 +376,35 @@ fn register_observables(meter: &Meter, sides: &Sides, active: Arc<Active>) {
             );
         })
         .build();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_the_plane_keeps_is_exported_exactly_once() {
+        let names: Vec<String> = counters().into_iter().map(|(n, _, _)| n).collect();
+        for (i, n) in names.iter().enumerate() {
+            assert!(!names[..i].contains(n), "{n} is exported twice");
+        }
+        for c in MuxStats::COUNTERS {
+            let exported = names.contains(&format!("{PREFIX}{}", c.name))
+                || STREAM_ENDS.iter().any(|(n, _)| *n == c.name)
+                || IN_GAUGES.contains(&c.name);
+            assert!(exported, "mux counter {} is not exported", c.name);
+        }
+        for (name, _) in STREAM_ENDS {
+            assert!(
+                MuxStats::COUNTERS.iter().any(|c| c.name == name),
+                "STREAM_ENDS names {name}, which the mux does not count"
+            );
+        }
+        for c in PlaneStats::COUNTERS.iter().chain([]) {
+            assert!(names.contains(&format!("{PREFIX}{}", c.name)), "{}", c.name);
+        }
+        for c in HandshakeStats::COUNTERS {
+            assert!(names.contains(&format!("{PREFIX}{}", c.name)), "{}", c.name);
+        }
+    }
 }

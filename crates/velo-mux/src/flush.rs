@@ -102,6 +102,30 @@ pub enum FlushReason {
     Edge,
 }
 
+impl FlushReason {
+    /// Every reason, in the order of [`MuxStats::flushes`](crate::MuxStats::flushes).
+    pub const ALL: [Self; 6] = [
+        Self::Control,
+        Self::Hint,
+        Self::Size,
+        Self::Deadline,
+        Self::Greedy,
+        Self::Edge,
+    ];
+
+    /// A short lower-case name for logs and metrics labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Control => "control",
+            Self::Hint => "hint",
+            Self::Size => "size",
+            Self::Deadline => "deadline",
+            Self::Greedy => "greedy",
+            Self::Edge => "edge",
+        }
+    }
+}
+
 impl FlushPolicy {
     /// A greedy policy: flush whenever anything is pending.
     pub fn greedy() -> Self {

@@ -100,7 +100,7 @@ pub use mux::{CHAIN_THRESHOLD, LaneSet, MAX_TRANSMIT_CHUNKS, Mux, Transmit};
 pub use recv::Recv;
 pub use send::RESET_DROPPED;
 pub use slab::Key as StreamKey;
-pub use stats::{BATCH_RECORDS_BUCKETS, MuxStats};
+pub use stats::{BATCH_RECORDS_BUCKETS, Counter, MuxStats};
 
 /// How a stream ended, as either side sees it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

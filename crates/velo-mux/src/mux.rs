@@ -457,7 +457,7 @@ impl Mux {
         let tx = &mut self.lanes[i].tx;
         if let Some(n) = tx.room_for(record.encoded_len(), cap) {
             self.stats.record_batch(n);
-            self.stats.flush_size += 1;
+            self.stats.record_flush(FlushReason::Size);
         }
         record.encode(&mut tx.out);
         tx.records += 1;
@@ -478,7 +478,7 @@ impl Mux {
         let tx = &mut self.lanes[i].tx;
         if let Some(n) = tx.room_for(len, cap) {
             self.stats.record_batch(n);
-            self.stats.flush_size += 1;
+            self.stats.record_flush(FlushReason::Size);
         }
         encode(&mut tx.out);
         tx.records += 1;
@@ -499,7 +499,7 @@ impl Mux {
         let tx = &mut self.lanes[i].tx;
         if let Some(n) = tx.seal() {
             self.stats.record_batch(n);
-            self.stats.flush_size += 1;
+            self.stats.record_flush(FlushReason::Size);
         }
         let sealed = tx.room_for(header_len, usize::MAX);
         debug_assert!(sealed.is_none(), "the batch was sealed just above");
@@ -507,7 +507,7 @@ impl Mux {
         tx.records += 1;
         let n = tx.seal_with_tail(Some(payload)).unwrap_or(1);
         self.stats.record_batch(n);
-        self.stats.flush_size += 1;
+        self.stats.record_flush(FlushReason::Size);
         self.stats.records_sent += 1;
     }
 
@@ -520,14 +520,7 @@ impl Mux {
             return;
         };
         self.stats.record_batch(n);
-        match reason {
-            FlushReason::Control => self.stats.flush_control += 1,
-            FlushReason::Hint => self.stats.flush_hint += 1,
-            FlushReason::Size => self.stats.flush_size += 1,
-            FlushReason::Deadline => self.stats.flush_deadline += 1,
-            FlushReason::Greedy => self.stats.flush_greedy += 1,
-            FlushReason::Edge => self.stats.flush_edge += 1,
-        }
+        self.stats.record_flush(reason);
     }
 
     /// Tells the driver `lane` should transmit if its batch is due or chunks wait.

@@ -1,79 +1,119 @@
 //! Counters a mux keeps, returned by value; only runtime-glue turns them into metrics.
+//!
+//! Every plain counter is declared once, in the table inside [`counters!`]: that declares
+//! the field, adds it to [`MuxStats`]'s `+=` and to [`MuxStats::COUNTERS`], by which the
+//! metrics exporter finds it (and its tests notice one it does not export).
+
+use std::ops::AddAssign;
+
+use crate::FlushReason;
 
 /// Upper bounds (inclusive) of the records-per-batch histogram buckets; the last bucket
 /// takes everything larger.
 pub const BATCH_RECORDS_BUCKETS: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
-/// Counters since the mux was created. Plain `u64`s: cheap to copy, diff and export.
-#[non_exhaustive]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct MuxStats {
+/// One plain counter of a stats struct: its field name, its doc line, and how to read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Counter<S> {
+    /// The field's name, also the metric's (with a prefix).
+    pub name: &'static str,
+    /// The field's documentation, also the metric's help.
+    pub help: &'static str,
+    /// Reads the field.
+    pub read: fn(&S) -> u64,
+}
+
+/// Declares the plain counters of [`MuxStats`] from one table.
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])+ $field:ident,)*) => {
+        /// Counters since the mux was created. Plain `u64`s: cheap to copy, diff, add up and
+        /// export.
+        #[non_exhaustive]
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct MuxStats {
+            $($(#[doc = $doc])+ pub $field: u64,)*
+            /// Histogram of records per sent batch; bucket `i` counts batches with at most
+            /// `BATCH_RECORDS_BUCKETS[i]` records (and more than the previous bound); the last
+            /// counts larger batches.
+            pub batch_records: [u64; BATCH_RECORDS_BUCKETS.len() + 1],
+            /// Batches flushed, by [`FlushReason`] (index: the reason's position in
+            /// [`FlushReason::ALL`]).
+            pub flushes: [u64; FlushReason::ALL.len()],
+        }
+
+        impl MuxStats {
+            /// Every plain counter (the histogram and the flushes by reason are arrays).
+            pub const COUNTERS: &'static [Counter<Self>] = &[$(Counter {
+                name: stringify!($field),
+                help: counters!(@first $($doc)+),
+                read: |s| s.$field,
+            },)*];
+        }
+
+        impl AddAssign for MuxStats {
+            fn add_assign(&mut self, other: Self) {
+                $(self.$field += other.$field;)*
+                for (a, b) in self.batch_records.iter_mut().zip(other.batch_records) {
+                    *a += b;
+                }
+                for (a, b) in self.flushes.iter_mut().zip(other.flushes) {
+                    *a += b;
+                }
+            }
+        }
+    };
+    (@first $first:literal $($rest:literal)*) => { $first };
+}
+
+counters! {
     /// Records written into batches (all kinds).
-    pub records_sent: u64,
+    records_sent,
     /// Records decoded from received batches (all kinds).
-    pub records_received: u64,
+    records_received,
     /// DATA and FINAL payload bytes sent.
-    pub payload_bytes_sent: u64,
+    payload_bytes_sent,
     /// DATA and FINAL payload bytes received.
-    pub payload_bytes_received: u64,
+    payload_bytes_received,
     /// Frame bytes handed to the transport (headers included).
-    pub bytes_sent: u64,
+    bytes_sent,
     /// Bytes received from the transport.
-    pub bytes_received: u64,
+    bytes_received,
     /// Batches sealed and handed to the transport.
-    pub batches_sent: u64,
+    batches_sent,
     /// Batches received.
-    pub batches_received: u64,
-    /// Histogram of records per sent batch; bucket `i` counts batches with at most
-    /// `BATCH_RECORDS_BUCKETS[i]` records (and more than the previous bound); the last counts
-    /// larger batches.
-    pub batch_records: [u64; BATCH_RECORDS_BUCKETS.len() + 1],
-    /// Batches flushed because control records could not wait.
-    pub flush_control: u64,
-    /// Batches flushed on the application's hint.
-    pub flush_hint: u64,
-    /// Batches flushed because they were full.
-    pub flush_size: u64,
-    /// Batches flushed when their oldest record reached the maximum delay.
-    pub flush_deadline: u64,
-    /// Batches flushed by the greedy policy.
-    pub flush_greedy: u64,
-    /// Batches flushed at once for a stream's edge records (prologue, first item, end).
-    pub flush_edge: u64,
+    batches_received,
     /// Sends refused for lack of stream credit.
-    pub credit_stalls: u64,
-    /// Sends refused because the lane buffer was full.
-    pub lane_stalls: u64,
+    credit_stalls,
+    /// Sends (and large OPENs) refused because the lane buffer was full.
+    lane_stalls,
     /// CREDIT records sent.
-    pub grants_sent: u64,
+    grants_sent,
     /// HEARTBEAT records sent.
-    pub heartbeats_sent: u64,
+    heartbeats_sent,
     /// Records dropped because they named a stream that is gone (stale generation).
-    pub stale_drops: u64,
-    /// Frontend: records naming a stream the worker had already ended with FINAL or ERROR
-    /// (a broken worker; the stream's end becomes a violation if it was not read yet).
-    pub records_after_end: u64,
+    stale_drops,
+    /// Frontend: records naming a stream the worker had already ended with FINAL or ERROR.
+    records_after_end,
     /// Streams opened (worker) or accepted (frontend).
-    pub streams_opened: u64,
+    streams_opened,
     /// Streams that ended with FINAL.
-    pub streams_finished: u64,
+    streams_finished,
     /// Streams that ended with ERROR.
-    pub streams_errored: u64,
+    streams_errored,
     /// Streams that ended by cancellation.
-    pub streams_cancelled: u64,
+    streams_cancelled,
     /// Streams that ended because their lane failed.
-    pub streams_lost: u64,
+    streams_lost,
     /// Streams ended for breaking a protocol rule.
-    pub streams_violated: u64,
-    /// Streams refused by the frontend (limit, going away, unknown ticket).
-    pub streams_refused: u64,
-    /// Worker: streams the frontend asked to stop or cancelled, each counted once (the
-    /// cancellations a serving runtime reports).
-    pub remote_cancellations: u64,
+    streams_violated,
+    /// Streams refused by the frontend (limit, unknown ticket, bad token).
+    streams_refused,
+    /// Worker: streams the frontend asked to stop or cancelled, each counted once.
+    remote_cancellations,
     /// Lanes that came up.
-    pub lanes_up: u64,
+    lanes_up,
     /// Lanes that failed or closed.
-    pub lanes_closed: u64,
+    lanes_closed,
 }
 
 impl MuxStats {
@@ -86,6 +126,16 @@ impl MuxStats {
         self.batches_sent += 1;
     }
 
+    /// Counts a batch flushed for `reason`.
+    pub(crate) fn record_flush(&mut self, reason: FlushReason) {
+        self.flushes[reason as usize] += 1;
+    }
+
+    /// Batches flushed for `reason`.
+    pub fn flushed(&self, reason: FlushReason) -> u64 {
+        self.flushes[reason as usize]
+    }
+
     /// Streams currently open: opened minus every kind of end.
     pub fn streams_active(&self) -> u64 {
         self.streams_opened.saturating_sub(
@@ -95,5 +145,34 @@ impl MuxStats {
                 + self.streams_lost
                 + self.streams_violated,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_add_up_field_by_field_and_the_table_reads_each_field() {
+        let mut a = MuxStats {
+            records_sent: 1,
+            streams_refused: 2,
+            ..MuxStats::default()
+        };
+        a.flushes[FlushReason::Hint as usize] = 3;
+        let mut b = a;
+        b += a;
+        assert_eq!(b.records_sent, 2);
+        assert_eq!(b.streams_refused, 4);
+        assert_eq!(b.flushed(FlushReason::Hint), 6);
+        let refused = MuxStats::COUNTERS
+            .iter()
+            .find(|c| c.name == "streams_refused")
+            .expect("listed");
+        assert_eq!((refused.read)(&b), 4);
+        assert!(refused.help.starts_with("Streams refused"));
+        for (i, reason) in FlushReason::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, i, "ALL is in discriminant order");
+        }
     }
 }

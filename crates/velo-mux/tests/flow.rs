@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use velo_mux::testing::{Pair, default_configs};
 use velo_mux::{
-    Blocked, FlushPolicy, LaneId, LaneState, MuxConfig, MuxEvent, Recv, SendError, Side, StreamEnd,
+    Blocked, FlushPolicy, FlushReason, LaneId, LaneState, MuxConfig, MuxEvent, Recv, SendError,
+    Side, StreamEnd,
 };
 use velo_wire::Token;
 
@@ -150,7 +151,7 @@ fn five_ms_policy_never_holds_a_record_longer_than_5ms() {
         );
         pair.frontend_read(f);
     }
-    assert!(pair.worker.stats().flush_deadline > 0);
+    assert!(pair.worker.stats().flushed(FlushReason::Deadline) > 0);
 }
 
 #[test]
@@ -182,7 +183,7 @@ fn greedy_policy_flushes_on_the_next_poll() {
     assert!(pair.step_now());
     assert!(pair.worker.is_flushed());
     assert_eq!(pair.now, t0, "no virtual time passed");
-    assert!(pair.worker.stats().flush_greedy >= 1);
+    assert!(pair.worker.stats().flushed(FlushReason::Greedy) >= 1);
 }
 
 #[test]
@@ -212,7 +213,7 @@ fn flush_hint_flushes_immediately() {
     pair.step_now();
     assert!(pair.worker.is_flushed());
     assert_eq!(
-        pair.worker.stats().flush_hint,
+        pair.worker.stats().flushed(FlushReason::Hint),
         2,
         "one batch per lane in use"
     );
@@ -278,7 +279,7 @@ fn heartbeats_do_not_wait_behind_queued_data() {
         pair.worker.is_flushed(),
         "the heartbeat went out with the queued record"
     );
-    assert!(pair.worker.stats().flush_control >= 1);
+    assert!(pair.worker.stats().flushed(FlushReason::Control) >= 1);
 }
 
 #[test]
@@ -458,7 +459,7 @@ fn a_streams_prologue_first_item_and_end_never_wait_for_the_batch() {
         items(&pair.frontend_read(f)),
         vec![&b"first token"[..], &b"second"[..]]
     );
-    assert_eq!(pair.worker.stats().flush_edge, 3);
+    assert_eq!(pair.worker.stats().flushed(FlushReason::Edge), 3);
 }
 
 #[test]

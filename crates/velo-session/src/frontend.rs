@@ -11,6 +11,7 @@ use velo_mux::handshake::{Expect, HandshakeError};
 use velo_mux::{LaneId, LaneState, Mux, MuxConfig, MuxStats, Side};
 use velo_wire::{CloseCode, Hello, InstanceId, Role};
 
+use crate::peer::Retired;
 use crate::{Acceptor, LaneIo, Peer, clock};
 
 /// Settings of a [`FrontendEndpoint`].
@@ -71,6 +72,8 @@ struct FrontendInner {
     instance: InstanceId,
     acceptor: Arc<dyn Acceptor>,
     peers: Mutex<HashMap<InstanceId, Peer>>,
+    /// Counters of connections that are done.
+    retired: Retired,
     tracker: TaskTracker,
     closing: AtomicBool,
     /// Cancelled by `close`: accept loops stop.
@@ -102,6 +105,7 @@ impl FrontendEndpoint {
                 instance,
                 acceptor,
                 peers: Mutex::new(HashMap::new()),
+                retired: Retired::default(),
                 tracker,
                 closing: AtomicBool::new(false),
                 closed: tokio_util::sync::CancellationToken::new(),
@@ -196,6 +200,7 @@ impl FrontendEndpoint {
                     worker.instance_id,
                     Some(self.inner.acceptor.clone()),
                     &self.inner.abort,
+                    self.inner.retired.clone(),
                 )
             });
             peer.clone()
@@ -241,13 +246,15 @@ impl FrontendEndpoint {
             .collect()
     }
 
-    /// The sum of every connection's counters.
+    /// The sum of every connection's counters, those of connections already gone included
+    /// (so each total only ever grows).
     pub fn stats(&self) -> MuxStats {
-        let mut total = MuxStats::default();
-        for p in self.peers() {
-            add_stats(&mut total, &p.stats());
-        }
-        total
+        let peers = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.inner.retired.total(peers.values())
     }
 
     /// Tells every worker this frontend takes no new streams (GOAWAY); open ones finish.
@@ -276,47 +283,5 @@ impl FrontendEndpoint {
         for p in self.peers() {
             p.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
         }
-    }
-}
-
-/// Adds `b`'s counters to `a`.
-pub fn add_stats(a: &mut MuxStats, b: &MuxStats) {
-    macro_rules! add {
-        ($($f:ident),*) => { $(a.$f += b.$f;)* };
-    }
-    add!(
-        records_sent,
-        records_received,
-        payload_bytes_sent,
-        payload_bytes_received,
-        bytes_sent,
-        bytes_received,
-        batches_sent,
-        batches_received,
-        flush_control,
-        flush_hint,
-        flush_size,
-        flush_deadline,
-        flush_greedy,
-        flush_edge,
-        credit_stalls,
-        lane_stalls,
-        grants_sent,
-        heartbeats_sent,
-        stale_drops,
-        records_after_end,
-        streams_opened,
-        streams_finished,
-        streams_errored,
-        streams_cancelled,
-        streams_lost,
-        streams_violated,
-        streams_refused,
-        remote_cancellations,
-        lanes_up,
-        lanes_closed
-    );
-    for (x, y) in a.batch_records.iter_mut().zip(b.batch_records.iter()) {
-        *x += y;
     }
 }

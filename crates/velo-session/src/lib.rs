@@ -44,7 +44,7 @@ mod worker;
 
 pub use accept::{AcceptSettings, Accepting, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::{ConnectError, StreamError};
-pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings, add_stats};
+pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings};
 pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};
 pub use io::{Dialer, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane};
 pub use peer::{Acceptor, Peer};

@@ -30,6 +30,28 @@ use crate::{LaneIo, clock, pump};
 /// and shrinking them would only make bursts reallocate.
 const SHRINK_ABOVE: usize = 64;
 
+/// The counters of an endpoint's connections that are done, shared with each of them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Retired(Arc<Mutex<MuxStats>>);
+
+impl Retired {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, MuxStats> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The retired counters plus those of every connection of `peers` not done yet.
+    pub(crate) fn total<'a>(&self, peers: impl IntoIterator<Item = &'a Peer>) -> MuxStats {
+        let retired = self.lock();
+        let mut total = *retired;
+        for p in peers {
+            if !p.inner.done.is_cancelled() {
+                total += p.stats();
+            }
+        }
+        total
+    }
+}
+
 /// Hands the frontend every stream a worker opens.
 pub trait Acceptor: Send + Sync + 'static {
     /// Called once per OPEN, outside any lock. The acceptor checks the ticket and token and
@@ -56,6 +78,9 @@ pub(crate) struct PeerInner {
     pumps: AtomicU16,
     /// Cancelled when every lane is closed and its pumps have ended.
     pub(crate) done: CancellationToken,
+    /// Where the connection's counters go when it is done, so its endpoint's totals never
+    /// go down (they are exported as monotonic counters).
+    retired: Retired,
     acceptor: Option<Arc<dyn Acceptor>>,
 }
 
@@ -110,6 +135,7 @@ impl Peer {
         instance: InstanceId,
         acceptor: Option<Arc<dyn Acceptor>>,
         abort: &CancellationToken,
+        retired: Retired,
     ) -> Self {
         let lanes = (0..mux.config().lanes())
             .map(|_| LaneCtl {
@@ -134,6 +160,7 @@ impl Peer {
                 going_away: AtomicBool::new(false),
                 pumps: AtomicU16::new(0),
                 done: CancellationToken::new(),
+                retired,
                 acceptor,
             }),
         }
@@ -238,6 +265,10 @@ impl Peer {
                 .alive
                 .store(self.lock().mux.is_connected(), Ordering::Release);
             if !self.is_alive() {
+                // Under the retired lock, so a total taken meanwhile counts this connection
+                // exactly once: live, or retired.
+                let mut retired = self.inner.retired.lock();
+                *retired += self.lock().mux.stats();
                 self.inner.done.cancel();
             }
         }

@@ -13,10 +13,11 @@ use futures::future::{BoxFuture, Shared};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use velo_mux::handshake::Expect;
-use velo_mux::{LaneId, Mux, MuxConfig, Side};
+use velo_mux::{LaneId, Mux, MuxConfig, MuxStats, Side};
 use velo_wire::{InstanceId, Role, Token};
 
 use crate::dial::Connector;
+use crate::peer::Retired;
 use crate::stats::{HandshakeCounters, HandshakeStats};
 use crate::{ConnectError, Dialer, Peer, SendStream, StreamError, clock, new_instance_id};
 
@@ -117,6 +118,8 @@ struct WorkerInner {
     peers: RwLock<HashMap<FrontendKey, Entry>>,
     /// Connections whose frontend went away: no new streams, open ones finish.
     draining: Mutex<Vec<Peer>>,
+    /// Counters of connections that are done.
+    retired: Retired,
     next_preparation: AtomicU64,
     tracker: TaskTracker,
     /// Cancelled by `close`: no new connections.
@@ -148,6 +151,7 @@ impl WorkerEndpoint {
                 settings,
                 peers: RwLock::new(HashMap::new()),
                 draining: Mutex::new(Vec::new()),
+                retired: Retired::default(),
                 next_preparation: AtomicU64::new(0),
                 tracker,
                 token: CancellationToken::new(),
@@ -207,6 +211,18 @@ impl WorkerEndpoint {
         for p in self.peers() {
             p.flush();
         }
+    }
+
+    /// The sum of every connection's counters, those of connections already gone included
+    /// (so each total only ever grows).
+    pub fn stats(&self) -> MuxStats {
+        let peers = self.inner.read_peers();
+        let draining = self.inner.draining();
+        let ready = peers.values().filter_map(|e| match e {
+            Entry::Ready(p) => Some(p),
+            _ => None,
+        });
+        self.inner.retired.total(ready.chain(draining.iter()))
     }
 
     /// The handshake counters of every lane this endpoint dialed.
@@ -478,6 +494,7 @@ async fn prepare(inner: &WorkerInner, (instance, addr): FrontendKey) -> Result<P
         instance,
         None,
         &inner.abort,
+        inner.retired.clone(),
     );
     for (i, (hello, io)) in lanes_io.into_iter().enumerate() {
         let lane = LaneId(u16::try_from(i).expect("at most 64 lanes"));

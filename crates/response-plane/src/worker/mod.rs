@@ -193,15 +193,12 @@ impl WorkerPlane {
         let mut s = PlaneStats {
             streams_established: self.inner.opened.load(Ordering::Relaxed),
             stream_setup_failures: self.inner.setup_failures.load(Ordering::Relaxed),
-            cancellations: self.inner.classic.cancellations.load(Ordering::Relaxed),
+            classic_cancellations: self.inner.classic.cancellations.load(Ordering::Relaxed),
             ..PlaneStats::default()
         };
         for w in self.velo_workers() {
-            let mut mux = velo_mux::MuxStats::default();
-            for p in w.endpoint().peers() {
-                velo_session::add_stats(&mut mux, &p.stats());
-            }
-            s.add_velo(&mux, &w.handshake_stats());
+            s.mux += w.endpoint().stats();
+            s.handshake += w.handshake_stats();
         }
         s
     }
