@@ -179,6 +179,7 @@ impl Mux {
             return true;
         }
         l.blocked = true;
+        self.stats.input_pauses += 1;
         false
     }
 

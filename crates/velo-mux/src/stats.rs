@@ -86,6 +86,9 @@ counters! {
     credit_stalls,
     /// Sends (and large OPENs) refused because the lane buffer was full.
     lane_stalls,
+    /// Times input stopped because the bytes queued for a peer that does not read were at
+    /// their limit.
+    input_pauses,
     /// CREDIT records sent.
     grants_sent,
     /// HEARTBEAT records sent.
