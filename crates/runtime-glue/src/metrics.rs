@@ -256,7 +256,7 @@ fn counters() -> Vec<(String, &'static str, Read)> {
     plane
         .chain(mux)
         .chain(handshake)
-        .map(|(name, help, read)| (format!("{PREFIX}{name}"), help, read))
+        .map(|(name, help, read)| (format!("{PREFIX}{name}"), help.trim(), read))
         .collect()
 }
 

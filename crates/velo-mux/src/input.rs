@@ -91,52 +91,62 @@ impl Mux {
                 }
                 Ok(())
             }
-            (
-                Side::Frontend,
-                Record::Open {
-                    stream,
-                    ticket,
-                    token,
-                    prologue,
-                },
-            ) => self.on_open(now, lane, stream, ticket, token, prologue),
-            (
-                Side::Frontend,
-                Record::Data {
-                    stream,
-                    seq,
-                    payload,
-                },
-            ) => {
+            (Side::Frontend, record) => self.on_worker_record(now, lane, record),
+            (Side::Worker, record) => self.on_frontend_record(lane, record),
+        }
+    }
+
+    /// Frontend: a record only workers send.
+    fn on_worker_record(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        record: Record,
+    ) -> Result<(), LaneError> {
+        match record {
+            Record::Open {
+                stream,
+                ticket,
+                token,
+                prologue,
+            } => self.on_open(now, lane, stream, ticket, token, prologue),
+            Record::Data {
+                stream,
+                seq,
+                payload,
+            } => {
                 self.on_data(now, lane, stream, seq, payload, false);
                 Ok(())
             }
-            (
-                Side::Frontend,
-                Record::Final {
-                    stream,
-                    seq,
-                    payload,
-                },
-            ) => {
+            Record::Final {
+                stream,
+                seq,
+                payload,
+            } => {
                 self.on_data(now, lane, stream, seq, payload, true);
                 Ok(())
             }
-            (
-                Side::Frontend,
-                Record::Error {
-                    stream,
-                    code,
-                    message,
-                },
-            ) => {
+            Record::Error {
+                stream,
+                code,
+                message,
+            } => {
                 if let Some(key) = self.live_wire(lane, stream) {
                     self.end_stream(key, Event::Error, StreamEnd::Error { code, message });
                 }
                 Ok(())
             }
-            (Side::Worker, Record::Credit { stream, grant }) => self.on_credit(lane, stream, grant),
-            (Side::Worker, Record::Stop { stream }) => {
+            _ => Err(LaneError::Protocol(
+                "a frontend received a record only frontends send",
+            )),
+        }
+    }
+
+    /// Worker: a record only frontends send.
+    fn on_frontend_record(&mut self, lane: LaneId, record: Record) -> Result<(), LaneError> {
+        match record {
+            Record::Credit { stream, grant } => self.on_credit(lane, stream, grant),
+            Record::Stop { stream } => {
                 if let Some(key) = self.own_stream(lane, stream)?
                     && let Some(s) = self.streams.get_mut(key)
                     && s.state == State::Open
@@ -147,7 +157,7 @@ impl Mux {
                 }
                 Ok(())
             }
-            (Side::Worker, Record::Cancel { stream, code }) => {
+            Record::Cancel { stream, code } => {
                 if let Some(key) = self.own_stream(lane, stream)? {
                     if self
                         .streams
@@ -160,10 +170,7 @@ impl Mux {
                 }
                 Ok(())
             }
-            (Side::Frontend, _) => Err(LaneError::Protocol(
-                "a frontend received a record only frontends send",
-            )),
-            (Side::Worker, _) => Err(LaneError::Protocol(
+            _ => Err(LaneError::Protocol(
                 "a worker received a record only workers send",
             )),
         }

@@ -17,7 +17,8 @@ pub const BATCH_RECORDS_BUCKETS: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 
 pub struct Counter<S> {
     /// The field's name, also the metric's (with a prefix).
     pub name: &'static str,
-    /// The field's documentation, also the metric's help.
+    /// The field's documentation (its first line, as written: trim it), also the metric's
+    /// help.
     pub help: &'static str,
     /// Reads the field.
     pub read: fn(&S) -> u64,
@@ -173,7 +174,7 @@ mod tests {
             .find(|c| c.name == "streams_refused")
             .expect("listed");
         assert_eq!((refused.read)(&b), 4);
-        assert!(refused.help.starts_with("Streams refused"));
+        assert!(refused.help.trim().starts_with("Streams refused"));
         for (i, reason) in FlushReason::ALL.iter().enumerate() {
             assert_eq!(*reason as usize, i, "ALL is in discriminant order");
         }

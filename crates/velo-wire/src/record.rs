@@ -313,66 +313,10 @@ impl Record {
             record: "record",
         };
         let record = match k {
-            kind::DATA | kind::FINAL => {
-                c.record = if k == kind::DATA { "data" } else { "final" };
-                let stream = c.stream()?;
-                let seq = c.u32("seq")?;
-                let payload = c.blob(body, "payload")?;
-                if k == kind::DATA {
-                    Self::Data {
-                        stream,
-                        seq,
-                        payload,
-                    }
-                } else {
-                    Self::Final {
-                        stream,
-                        seq,
-                        payload,
-                    }
-                }
-            }
-            kind::CREDIT => {
-                c.record = "credit";
-                let stream = c.stream()?;
-                let grant = c.u32("grant")?;
-                if grant == 0 {
-                    return Err(WireError::InvalidField {
-                        field: "credit grant",
-                        reason: "must be at least 1",
-                    });
-                }
-                Self::Credit { stream, grant }
-            }
-            kind::OPEN => {
-                c.record = "open";
-                let stream = c.stream()?;
-                let ticket = c.u64("ticket")?;
-                let token = Token(c.array16("token")?);
-                let prologue = c.blob(body, "prologue")?;
-                Self::Open {
-                    stream,
-                    ticket,
-                    token,
-                    prologue,
-                }
-            }
-            kind::ERROR => {
-                c.record = "error";
-                let stream = c.stream()?;
-                let code = ErrorCode(c.u32("code")?);
-                let message = c.blob(body, "message")?;
-                let message = std::str::from_utf8(&message)
-                    .map_err(|_| WireError::InvalidUtf8 {
-                        field: "error message",
-                    })?
-                    .to_owned();
-                Self::Error {
-                    stream,
-                    code,
-                    message,
-                }
-            }
+            kind::DATA | kind::FINAL => c.data(body, k)?,
+            kind::CREDIT => c.credit()?,
+            kind::OPEN => c.open(body)?,
+            kind::ERROR => c.error(body)?,
             kind::STOP => {
                 c.record = "stop";
                 Self::Stop {
@@ -382,10 +326,8 @@ impl Record {
             kind::CANCEL => {
                 c.record = "cancel";
                 let stream = c.stream()?;
-                Self::Cancel {
-                    stream,
-                    code: CancelCode(c.u32("code")?),
-                }
+                let code = CancelCode(c.u32("code")?);
+                Self::Cancel { stream, code }
             }
             kind::HEARTBEAT => Self::Heartbeat,
             kind::GOAWAY => {
@@ -398,6 +340,73 @@ impl Record {
         };
         *pos = c.pos;
         Ok(record)
+    }
+}
+
+/// The body of each record kind that has more than a field or two.
+impl Cursor<'_> {
+    fn data(&mut self, body: &Bytes, k: u8) -> Result<Record, WireError> {
+        self.record = if k == kind::DATA { "data" } else { "final" };
+        let stream = self.stream()?;
+        let seq = self.u32("seq")?;
+        let payload = self.blob(body, "payload")?;
+        Ok(if k == kind::DATA {
+            Record::Data {
+                stream,
+                seq,
+                payload,
+            }
+        } else {
+            Record::Final {
+                stream,
+                seq,
+                payload,
+            }
+        })
+    }
+
+    fn credit(&mut self) -> Result<Record, WireError> {
+        self.record = "credit";
+        let stream = self.stream()?;
+        let grant = self.u32("grant")?;
+        if grant == 0 {
+            return Err(WireError::InvalidField {
+                field: "credit grant",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(Record::Credit { stream, grant })
+    }
+
+    fn open(&mut self, body: &Bytes) -> Result<Record, WireError> {
+        self.record = "open";
+        let stream = self.stream()?;
+        let ticket = self.u64("ticket")?;
+        let token = Token(self.array16("token")?);
+        let prologue = self.blob(body, "prologue")?;
+        Ok(Record::Open {
+            stream,
+            ticket,
+            token,
+            prologue,
+        })
+    }
+
+    fn error(&mut self, body: &Bytes) -> Result<Record, WireError> {
+        self.record = "error";
+        let stream = self.stream()?;
+        let code = ErrorCode(self.u32("code")?);
+        let message = self.blob(body, "message")?;
+        let message = std::str::from_utf8(&message)
+            .map_err(|_| WireError::InvalidUtf8 {
+                field: "error message",
+            })?
+            .to_owned();
+        Ok(Record::Error {
+            stream,
+            code,
+            message,
+        })
     }
 }
 
