@@ -27,6 +27,9 @@
 
 mod accept;
 mod clock;
+#[cfg(feature = "__contract")]
+#[doc(hidden)]
+pub mod contract;
 mod dial;
 mod error;
 mod frontend;

@@ -1,5 +1,5 @@
-//! Scenarios that need a process of their own: a worker process killed mid-stream, and a
-//! frontend restarted on the same port. The test binary re-runs itself as the helper process
+//! Scenarios that need a process of their own: a worker process killed mid-stream, a frontend
+//! restarted on the same port (the contract's story), and an idle transport's CPU time. The test binary re-runs itself as the helper process
 //! (an ignored test that does nothing unless started by its parent). Every wait is bounded.
 
 #![cfg(feature = "ucx")]
@@ -10,14 +10,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use common::*;
+use common::Ucx;
 use tokio_util::task::TaskTracker;
 use velo_mux::StreamEnd;
-use velo_session::{ConnectError, OpenStreamError};
-use velo_wire::{CloseCode, InstanceId, Token};
-
-const PROLOGUE: &[u8] = br#"{"error":null}"#;
+use velo_session::contract::{
+    self, Frontend, PROLOGUE, TOKEN, Worker, eventually, next_item, send_now, take, within,
+};
+use velo_wire::InstanceId;
 /// Selects what the helper process does.
 const HELPER: &str = "VELO_UCX_TEST_HELPER";
 /// The frontend the helper worker streams to: `addr instance`.
@@ -58,17 +57,14 @@ async fn ready(child: &mut Child) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once() {
     let tracker = TaskTracker::new();
-    let (frontend, mut inbox) = frontend(&tracker).await;
-    let target = format!("{} {}", frontend.local_addr(), frontend.instance());
+    let (frontend, mut inbox) = contract::frontend(&Ucx::default(), &tracker).await;
+    let target = format!("{} {}", frontend.addr(), frontend.instance());
     let mut child = helper("streaming_worker_process", &[(HELPER_TARGET, target)]);
     ready(&mut child).await;
     let mut receivers = Vec::new();
     for _ in 0..STREAMS {
-        let mut r = within("accept", inbox.recv()).await.unwrap().accept();
-        assert_eq!(
-            within("first", r.recv()).await.unwrap().unwrap(),
-            &b"first"[..]
-        );
+        let mut r = take(&mut inbox).await;
+        assert_eq!(next_item(&mut r).await, &b"first"[..]);
         receivers.push(r);
     }
     // Mid-stream: items keep coming until the process dies.
@@ -89,7 +85,7 @@ async fn a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once() {
     }
     // The driver may fail the lanes (a send failing) before it counts the endpoint errors.
     eventually("an endpoint error is counted", || {
-        frontend.stats().endpoint_errors >= 1
+        frontend.0.stats().endpoint_errors >= 1
     })
     .await;
 }
@@ -113,17 +109,11 @@ fn streaming_worker_process() {
         .unwrap();
     rt.block_on(async move {
         let tracker = TaskTracker::new();
-        let worker = worker(&tracker);
+        let worker = contract::worker(&Ucx::default(), &tracker);
         let mut streams = Vec::new();
         for t in 0..STREAMS {
-            let mut s = within(
-                "open",
-                worker
-                    .endpoint()
-                    .open(addr, instance, t, &Token([0; 16]), PROLOGUE),
-            )
-            .await
-            .unwrap();
+            let open = worker.endpoint().open(addr, instance, t, &TOKEN, PROLOGUE);
+            let mut s = within("opening", open).await.unwrap();
             s.send(b"first").await.unwrap();
             streams.push(s);
         }
@@ -142,9 +132,10 @@ fn streaming_worker_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frontend_restarted_under_a_new_instance_id_is_prepared_again() {
-    // UCX reads its connection managers' settings only from the environment, so rebinding
-    // the port of the frontend that just died (its connections in TIME_WAIT) needs
-    // UCX_TCP_CM_REUSEADDR=y in the process: the scenario runs in a process of its own.
+    // The contract's story (left out of `contract.rs`): UCX reads its connection managers'
+    // settings only from the environment, so rebinding the port of the frontend that just
+    // died (its connections in TIME_WAIT) needs UCX_TCP_CM_REUSEADDR=y in the process: the
+    // story runs in a process of its own.
     let mut child = helper(
         "restart_scenario",
         &[("UCX_TCP_CM_REUSEADDR", "y".to_owned())],
@@ -170,95 +161,9 @@ fn restart_scenario() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(restart());
-}
-
-async fn restart() {
-    let tracker = TaskTracker::new();
-    let (first, mut inbox) = frontend(&tracker).await;
-    let addr = first.local_addr();
-    let old_id = first.instance();
-    let worker = worker(&tracker);
-    let mut s = within(
-        "open",
-        worker
-            .endpoint()
-            .open(addr, old_id, 1, &Token([0; 16]), PROLOGUE),
-    )
-    .await
-    .unwrap();
-    s.send(b"before").await.unwrap();
-    s.flush();
-    let _held = within("accept", inbox.recv()).await.unwrap().accept();
-    first.abort();
-    drop(first);
-    // The same address, a new instance.
-    let new_id = InstanceId::from_u128(0xfeed);
-    let (tx, mut inbox2) = tokio::sync::mpsc::channel(16);
-    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Frontend)
-        .build()
-        .unwrap();
-    let second = within("rebind", async {
-        loop {
-            match velo_ucx::UcxFrontend::bind_as(
-                addr,
-                new_id,
-                mux.clone(),
-                ucx_config(),
-                std::sync::Arc::new(Inbox(tx.clone())),
-                tracker.clone(),
-            )
-            .await
-            {
-                Ok(f) => break f,
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    })
-    .await;
-    // The old stream and connection are gone...
-    assert!(matches!(
-        within("old stream closed", s.closed()).await,
-        StreamEnd::Lost(_)
-    ));
-    let old_peer = s.peer().clone();
-    within("old connection closed", old_peer.closed()).await;
-    // ...an address that still names the old instance gets a clear refusal...
-    let err = within(
-        "open old",
-        worker
-            .endpoint()
-            .open(addr, old_id, 2, &Token([0; 16]), PROLOGUE),
-    )
-    .await
-    .unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            OpenStreamError::Connect(ConnectError::Refused {
-                code: CloseCode::IDENTITY_MISMATCH,
-                ..
-            })
-        ),
-        "{err}"
+    rt.block_on(
+        contract::a_frontend_restarted_under_a_new_instance_id_is_prepared_again(Ucx::default()),
     );
-    // ...and the new instance is prepared afresh.
-    let mut s2 = within(
-        "open new",
-        worker
-            .endpoint()
-            .open(addr, new_id, 3, &Token([0; 16]), PROLOGUE),
-    )
-    .await
-    .unwrap();
-    s2.send(b"after").await.unwrap();
-    s2.flush();
-    let mut r = within("accept", inbox2.recv()).await.unwrap().accept();
-    assert_eq!(
-        within("item", r.recv()).await.unwrap().unwrap(),
-        Bytes::from_static(b"after")
-    );
-    drop(second);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,37 +211,27 @@ fn idle_process() {
 
 async fn idle_window(engine: velo_ucx::ProgressEngine) {
     let tracker = TaskTracker::new();
-    let cfg = velo_ucx::UcxConfig {
-        engine,
-        ..ucx_config()
+    let net = Ucx {
+        cfg: velo_ucx::UcxConfig {
+            engine,
+            ..velo_ucx::UcxConfig::loopback()
+        },
     };
-    let (frontend, mut inbox) = frontend_with(&tracker, cfg.clone()).await;
-    let worker = worker_with(&tracker, cfg, |b| b);
-    let mut s = within(
-        "open",
-        worker.endpoint().open(
-            frontend.local_addr(),
-            frontend.instance(),
-            1,
-            &Token([0; 16]),
-            PROLOGUE,
-        ),
-    )
-    .await
-    .unwrap();
-    s.send(b"x").await.unwrap();
-    s.flush();
-    let mut r = within("accept", inbox.recv()).await.unwrap().accept();
-    assert_eq!(within("x", r.recv()).await.unwrap().unwrap(), &b"x"[..]);
+    let (frontend, mut inbox) = contract::frontend(&net, &tracker).await;
+    let worker = contract::worker(&net, &tracker);
+    let mut s = contract::open(&worker, &frontend, 1).await;
+    send_now(&mut s, b"x").await;
+    let mut r = take(&mut inbox).await;
+    assert_eq!(next_item(&mut r).await, &b"x"[..]);
     // Set-up done: every lane attached, and nothing moving (messages, engine wakeups, mux
     // records) for a while.
     let counters = || {
         (
             frontend.handshake_stats(),
-            worker.handshake_stats(),
+            worker.endpoint().handshake_stats(),
             frontend.endpoint().stats(),
-            frontend.stats(),
-            worker.stats(),
+            frontend.0.stats(),
+            worker.0.stats(),
         )
     };
     within("the transport settles", async {
@@ -375,7 +270,7 @@ async fn idle_window(engine: velo_ucx::ProgressEngine) {
             .is_some_and(|p| p.is_alive())
     );
     frontend.abort();
-    worker.abort();
+    worker.0.abort();
 }
 
 /// User plus system CPU time of this process (every thread).

@@ -380,9 +380,14 @@ impl MemNet {
 
     /// Makes `frontend` reachable at `at` too: its accept loop takes the lanes dialed there.
     pub fn serve_at(&self, at: SocketAddr, frontend: &FrontendEndpoint) {
+        frontend.accept(self.listen(at), AcceptSettings::default());
+    }
+
+    /// The lanes dialed to `at` from now on (replacing whoever listened there).
+    pub fn listen(&self, at: SocketAddr) -> MemListener {
         let (tx, rx) = mpsc::unbounded_channel();
-        frontend.accept(MemListener(rx), AcceptSettings::default());
         self.listeners.lock().unwrap().insert(at, tx);
+        MemListener(rx)
     }
 
     /// A lane to whoever serves `at`, whose worker end the test drives by hand.

@@ -1,93 +1,112 @@
-//! Shared pieces of the loopback tests.
+//! The TCP transport as the transport contract drives it (`velo_session::contract`), on
+//! loopback sockets.
 #![allow(dead_code, unreachable_pub)]
 
+use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::task::TaskTracker;
-use velo_mux::{MuxConfig, Side};
-use velo_session::{Acceptor, IncomingStream};
+use velo_session::contract::{self, FrontendSpec, IoLane, RawListener, Transport, Unreachable};
+use velo_session::{FrontendEndpoint, HandshakeStats, WorkerEndpoint, WorkerSettings};
 use velo_tcp::{TcpConfig, TcpFrontend, TcpWorker};
 
-/// Every test wait is bounded by this.
-pub const BOUND: Duration = Duration::from_secs(20);
+/// TCP over the loopback interface.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tcp;
 
-/// Added to a configured bound when a test checks that something happened within it: a
-/// loaded machine may run us late, never early.
-pub const SLACK: Duration = Duration::from_secs(5);
+impl Transport for Tcp {
+    type Frontend = Frontend;
+    type Worker = WorkerEndpoint;
+    type Raw = IoLane<TcpStream>;
+    type RawListener = RawTcpListener;
 
-/// Hands incoming streams to the test through a bounded channel.
-pub struct Inbox(pub mpsc::Sender<IncomingStream>);
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<Frontend> {
+        let cfg = TcpConfig {
+            handshake_timeout: spec.accept.handshake_timeout,
+            max_connections: spec.accept.max_connections,
+            ..TcpConfig::default()
+        };
+        let addr = spec.addr.unwrap_or_else(loopback);
+        let f = TcpFrontend::bind_as(
+            addr,
+            spec.instance,
+            spec.mux,
+            cfg,
+            spec.acceptor,
+            spec.tracker,
+        );
+        f.await.map(Frontend)
+    }
 
-impl Acceptor for Inbox {
-    fn accept(&self, incoming: IncomingStream) {
-        if let Err(e) = self.0.try_send(incoming) {
-            panic!("test inbox full: {e}");
-        }
+    fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
+        let cfg = TcpConfig {
+            backoff: settings.backoff,
+            read_buffer: settings.read_buffer,
+            handshake_timeout: settings.handshake_timeout,
+            ..TcpConfig::default()
+        };
+        // A TCP worker is its endpoint: closing it closes the endpoint.
+        TcpWorker::new(settings.mux, cfg, tracker.clone())
+            .endpoint()
+            .clone()
+    }
+
+    async fn dial_raw(&self, addr: SocketAddr) -> io::Result<IoLane<TcpStream>> {
+        TcpStream::connect(addr).await.map(IoLane)
+    }
+
+    async fn listen_raw(&self) -> io::Result<RawTcpListener> {
+        TcpListener::bind(loopback()).await.map(RawTcpListener)
+    }
+
+    fn unreachable(&self) -> Unreachable {
+        Unreachable::loopback_port()
+    }
+}
+
+/// A TCP frontend as the contract uses it.
+pub struct Frontend(pub TcpFrontend);
+
+impl contract::Frontend for Frontend {
+    fn endpoint(&self) -> &FrontendEndpoint {
+        self.0.endpoint()
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.local_addr()
+    }
+
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.0.stats()
+    }
+
+    async fn shutdown(&self) {
+        self.0.shutdown().await;
+    }
+
+    fn abort(&self) {
+        self.0.abort();
+    }
+}
+
+/// A TCP listener whose connections the test speaks by hand.
+pub struct RawTcpListener(TcpListener);
+
+impl RawListener for RawTcpListener {
+    type Lane = IoLane<TcpStream>;
+
+    fn addr(&self) -> SocketAddr {
+        self.0.local_addr().expect("a bound listener's address")
+    }
+
+    async fn accept(&mut self) -> Option<IoLane<TcpStream>> {
+        self.0.accept().await.ok().map(|(s, _)| IoLane(s))
     }
 }
 
 pub fn loopback() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-/// The defaults, with the default handshake bound: a test that exercises a timeout sets its
-/// own, so that no other test races a short one on a loaded machine.
-pub fn tcp_config() -> TcpConfig {
-    TcpConfig {
-        handshake_timeout: velo_session::DEFAULT_HANDSHAKE_TIMEOUT,
-        ..TcpConfig::default()
-    }
-}
-
-/// A loopback address where nothing listens for as long as the returned socket is held: the
-/// port is bound (without `SO_REUSEADDR`) and never listens, so no other test can take it
-/// and every connection attempt is refused.
-pub fn closed_port() -> (tokio::net::TcpSocket, SocketAddr) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(loopback()).unwrap();
-    let addr = socket.local_addr().unwrap();
-    (socket, addr)
-}
-
-pub async fn frontend(tracker: &TaskTracker) -> (TcpFrontend, mpsc::Receiver<IncomingStream>) {
-    let (tx, rx) = mpsc::channel(20_000);
-    let mux = MuxConfig::builder(Side::Frontend)
-        .max_streams(20_000)
-        .build()
-        .unwrap();
-    let f = TcpFrontend::bind(
-        loopback(),
-        mux,
-        tcp_config(),
-        Arc::new(Inbox(tx)),
-        tracker.clone(),
-    )
-    .await
-    .unwrap();
-    (f, rx)
-}
-
-pub fn worker(tracker: &TaskTracker) -> TcpWorker {
-    worker_with(tracker, |b| b)
-}
-
-pub fn worker_with(
-    tracker: &TaskTracker,
-    f: impl FnOnce(velo_mux::MuxConfigBuilder) -> velo_mux::MuxConfigBuilder,
-) -> TcpWorker {
-    let mux = f(MuxConfig::builder(Side::Worker).max_streams(20_000))
-        .build()
-        .unwrap();
-    TcpWorker::new(mux, tcp_config(), tracker.clone())
-}
-
-pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {BOUND:?}"))
+    SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
 /// Established TCP connections whose local or remote port is `port`, from the kernel's table.
@@ -111,15 +130,4 @@ pub fn established_connections(port: u16) -> usize {
         }
     }
     n
-}
-
-/// Waits until `cond` holds, polling; fails the test after the bound. For counters that the
-/// other side updates just after the event the test observed.
-pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    within(what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }

@@ -1,101 +1,193 @@
-//! Shared pieces of the UCX loopback tests.
+//! The UCX transport as the transport contract drives it (`velo_session::contract`), over TCP
+//! on the loopback device.
 #![allow(dead_code, unreachable_pub)]
 
+use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use bytes::BytesMut;
 use tokio_util::task::TaskTracker;
-use velo_mux::{MuxConfig, Side};
-use velo_session::{Acceptor, IncomingStream};
+use velo_session::contract::{self, FrontendSpec, RawListener, RawPeer, Transport, Unreachable};
+use velo_session::{FrontendEndpoint, HandshakeStats, WorkerEndpoint, WorkerSettings};
+use velo_ucx::testing::{RawEndpoint, RawLane};
 use velo_ucx::{UcxConfig, UcxFrontend, UcxWorker};
 
-/// Every test wait is bounded by this.
-pub const BOUND: Duration = Duration::from_secs(20);
+/// UCX with `cfg` (TCP over `lo` by default, whatever the environment says); a story's
+/// frontend and worker settings override its handshake bound, connection limit, backoff and
+/// read buffer.
+#[derive(Debug, Clone)]
+pub struct Ucx {
+    pub cfg: UcxConfig,
+}
 
-/// Added to a configured bound when a test checks that something happened within it: a
-/// loaded machine may run us late, never early.
-pub const SLACK: Duration = Duration::from_secs(5);
-
-/// Hands incoming streams to the test through a bounded channel.
-pub struct Inbox(pub mpsc::Sender<IncomingStream>);
-
-impl Acceptor for Inbox {
-    fn accept(&self, incoming: IncomingStream) {
-        if let Err(e) = self.0.try_send(incoming) {
-            panic!("test inbox full: {e}");
+impl Default for Ucx {
+    fn default() -> Self {
+        Self {
+            cfg: UcxConfig::loopback(),
         }
     }
 }
 
+impl Transport for Ucx {
+    type Frontend = Frontend;
+    type Worker = Worker;
+    type Raw = UcxRaw;
+    type RawListener = RawUcxListener;
+
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<Frontend> {
+        let cfg = UcxConfig {
+            handshake_timeout: spec.accept.handshake_timeout,
+            max_connections: spec.accept.max_connections,
+            ..self.cfg.clone()
+        };
+        let addr = spec.addr.unwrap_or_else(loopback);
+        let f = UcxFrontend::bind_as(
+            addr,
+            spec.instance,
+            spec.mux,
+            cfg,
+            spec.acceptor,
+            spec.tracker,
+        );
+        f.await.map(Frontend).map_err(io::Error::other)
+    }
+
+    fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> Worker {
+        let cfg = UcxConfig {
+            backoff: settings.backoff,
+            read_buffer: settings.read_buffer,
+            handshake_timeout: settings.handshake_timeout,
+            ..self.cfg.clone()
+        };
+        Worker(UcxWorker::new(settings.mux, cfg, tracker.clone()).expect("a UCX worker starts"))
+    }
+
+    async fn dial_raw(&self, addr: SocketAddr) -> io::Result<UcxRaw> {
+        // A UCX worker of its own, on a tracker of its own: a story may hold the lane open
+        // while it waits for its own tasks; dropping the lane stops the worker.
+        let endpoint = RawEndpoint::new(None, &UcxConfig::loopback(), &TaskTracker::new())
+            .map_err(io::Error::other)?;
+        let lane = endpoint.connect(addr).await.map_err(io::Error::other)?;
+        Ok(UcxRaw {
+            lane,
+            _endpoint: Some(AbortOnDrop(endpoint)),
+        })
+    }
+
+    async fn listen_raw(&self) -> io::Result<RawUcxListener> {
+        let endpoint = RawEndpoint::new(
+            Some(loopback()),
+            &UcxConfig::loopback(),
+            &TaskTracker::new(),
+        )
+        .map_err(io::Error::other)?;
+        let port = endpoint.port().expect("a listening endpoint has a port");
+        Ok(RawUcxListener {
+            addr: SocketAddr::new(loopback().ip(), port),
+            endpoint: AbortOnDrop(endpoint),
+        })
+    }
+
+    fn unreachable(&self) -> Unreachable {
+        Unreachable::loopback_port()
+    }
+
+    fn shutdown_bound(&self) -> Duration {
+        // Each closing lane's flush, then the UCX teardown.
+        self.cfg.close_timeout + UCX_TEARDOWN
+    }
+}
+
+/// velo-ucx's bound on tearing down a UCX worker (`sys::TEARDOWN_TIME`).
+const UCX_TEARDOWN: Duration = Duration::from_millis(200);
+
+/// A UCX frontend as the contract uses it.
+pub struct Frontend(pub UcxFrontend);
+
+impl contract::Frontend for Frontend {
+    fn endpoint(&self) -> &FrontendEndpoint {
+        self.0.endpoint()
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.local_addr()
+    }
+
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.0.handshake_stats()
+    }
+
+    async fn shutdown(&self) {
+        self.0.shutdown().await;
+    }
+
+    fn abort(&self) {
+        self.0.abort();
+    }
+}
+
+/// A UCX worker as the contract uses it.
+#[derive(Clone)]
+pub struct Worker(pub UcxWorker);
+
+impl contract::Worker for Worker {
+    fn endpoint(&self) -> &WorkerEndpoint {
+        self.0.endpoint()
+    }
+
+    fn close(&self) {
+        self.0.close();
+    }
+}
+
+/// A UCX lane spoken by hand; a dialed one stops its own UCX worker when dropped.
+pub struct UcxRaw {
+    lane: RawLane,
+    _endpoint: Option<AbortOnDrop>,
+}
+
+impl RawPeer for UcxRaw {
+    async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.lane.write(bytes).await
+    }
+
+    async fn read(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.lane.read(buf).await
+    }
+}
+
+/// A UCX listener whose lanes the test speaks by hand; dropping it stops its UCX worker.
+pub struct RawUcxListener {
+    addr: SocketAddr,
+    endpoint: AbortOnDrop,
+}
+
+impl RawListener for RawUcxListener {
+    type Lane = UcxRaw;
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    async fn accept(&mut self) -> Option<UcxRaw> {
+        let lane = self.endpoint.0.accept().await?;
+        Some(UcxRaw {
+            lane,
+            _endpoint: None,
+        })
+    }
+}
+
+/// A raw UCX worker, stopped (every endpoint force-closed) when dropped.
+struct AbortOnDrop(RawEndpoint);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 pub fn loopback() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-/// A loopback address where nothing listens for as long as the returned socket is held: the
-/// port is bound (without `SO_REUSEADDR`) and never listens, so no other test can take it
-/// and every connection attempt is refused.
-pub fn closed_port() -> (tokio::net::TcpSocket, SocketAddr) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(loopback()).unwrap();
-    let addr = socket.local_addr().unwrap();
-    (socket, addr)
-}
-
-/// TCP over `lo` whatever the environment says (`UcxConfig::loopback`), with the default
-/// handshake bound (tests that exercise the bound set a shorter one themselves).
-pub fn ucx_config() -> UcxConfig {
-    UcxConfig::loopback()
-}
-
-pub async fn frontend(tracker: &TaskTracker) -> (UcxFrontend, mpsc::Receiver<IncomingStream>) {
-    frontend_with(tracker, ucx_config()).await
-}
-
-pub async fn frontend_with(
-    tracker: &TaskTracker,
-    cfg: UcxConfig,
-) -> (UcxFrontend, mpsc::Receiver<IncomingStream>) {
-    let (tx, rx) = mpsc::channel(20_000);
-    let mux = MuxConfig::builder(Side::Frontend)
-        .max_streams(20_000)
-        .build()
-        .unwrap();
-    let f = UcxFrontend::bind(loopback(), mux, cfg, Arc::new(Inbox(tx)), tracker.clone())
-        .await
-        .unwrap();
-    (f, rx)
-}
-
-pub fn worker(tracker: &TaskTracker) -> UcxWorker {
-    worker_with(tracker, ucx_config(), |b| b)
-}
-
-pub fn worker_with(
-    tracker: &TaskTracker,
-    cfg: UcxConfig,
-    f: impl FnOnce(velo_mux::MuxConfigBuilder) -> velo_mux::MuxConfigBuilder,
-) -> UcxWorker {
-    let mux = f(MuxConfig::builder(Side::Worker).max_streams(20_000))
-        .build()
-        .unwrap();
-    UcxWorker::new(mux, cfg, tracker.clone()).unwrap()
-}
-
-pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {BOUND:?}"))
-}
-
-/// Waits until `cond` holds, polling; fails the test after the bound. For counters that the
-/// other side updates just after the event the test observed.
-pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    within(what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    SocketAddr::from(([127, 0, 0, 1], 0))
 }

@@ -1,0 +1,142 @@
+//! The transport contract (`velo_session::contract`) run against the in-memory transport of
+//! these tests: the reference the real transports (velo-tcp, velo-ucx) are held to.
+
+mod common;
+
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use common::{MemListener, MemNet};
+use tokio_util::task::TaskTracker;
+use velo_session::contract::{Frontend, FrontendSpec, RawListener, Transport, Unreachable};
+use velo_session::{
+    Accepting, Dialer, FrontendEndpoint, FrontendSettings, HandshakeStats, LaneListener, RawLane,
+    WorkerEndpoint, WorkerSettings,
+};
+
+velo_session::transport_contract!(memory => Memory);
+
+/// A fresh in-memory network per story; every frontend and raw listener on it gets an address
+/// of its own.
+#[derive(Clone)]
+struct Memory {
+    net: Arc<MemNet>,
+    next_port: Arc<AtomicU16>,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Self {
+            net: MemNet::new(),
+            next_port: Arc::new(AtomicU16::new(FIRST_PORT)),
+        }
+    }
+}
+
+impl Memory {
+    fn fresh_addr(&self) -> SocketAddr {
+        let port = self.next_port.fetch_add(1, Ordering::Relaxed);
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+}
+
+impl Transport for Memory {
+    type Frontend = MemFrontend;
+    type Worker = WorkerEndpoint;
+    type Raw = Box<dyn RawLane>;
+    type RawListener = MemRawListener;
+
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<MemFrontend> {
+        let addr = spec.addr.unwrap_or_else(|| self.fresh_addr());
+        let settings = FrontendSettings {
+            mux: spec.mux,
+            read_buffer: velo_session::DEFAULT_READ_BUFFER,
+        };
+        let endpoint = FrontendEndpoint::new(settings, spec.instance, spec.acceptor, spec.tracker);
+        let accepting = endpoint.accept(self.net.listen(addr), spec.accept);
+        Ok(MemFrontend {
+            endpoint,
+            accepting,
+            addr,
+        })
+    }
+
+    fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
+        WorkerEndpoint::new(settings, self.net.clone(), tracker.clone())
+    }
+
+    async fn dial_raw(&self, addr: SocketAddr) -> io::Result<Box<dyn RawLane>> {
+        self.net.dial(addr).await
+    }
+
+    async fn listen_raw(&self) -> io::Result<MemRawListener> {
+        let addr = self.fresh_addr();
+        Ok(MemRawListener {
+            addr,
+            lanes: self.net.listen(addr),
+        })
+    }
+
+    fn unreachable(&self) -> Unreachable {
+        // Nobody ever serves a fresh address.
+        Unreachable {
+            addr: self.fresh_addr(),
+            guard: Box::new(()),
+        }
+    }
+}
+
+/// A frontend endpoint taking lanes from the in-memory network.
+struct MemFrontend {
+    endpoint: FrontendEndpoint,
+    accepting: Accepting,
+    addr: SocketAddr,
+}
+
+impl Frontend for MemFrontend {
+    fn endpoint(&self) -> &FrontendEndpoint {
+        &self.endpoint
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn handshake_stats(&self) -> HandshakeStats {
+        self.accepting.stats()
+    }
+
+    async fn shutdown(&self) {
+        self.accepting.shutdown().await;
+        self.endpoint.close();
+    }
+
+    fn abort(&self) {
+        self.accepting.stop();
+        self.endpoint.abort();
+    }
+}
+
+/// The lanes dialed to an address, taken by hand.
+struct MemRawListener {
+    addr: SocketAddr,
+    lanes: MemListener,
+}
+
+impl RawListener for MemRawListener {
+    type Lane = Box<dyn RawLane>;
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    async fn accept(&mut self) -> Option<Box<dyn RawLane>> {
+        poll_fn(|cx| self.lanes.poll_accept(cx)).await?.ok()
+    }
+}
+
+/// The first port handed out on an in-memory network (any; none is a real socket).
+const FIRST_PORT: u16 = 10_000;
