@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::classic::ClassicFrontend;
 use crate::info::{self, StreamAddress, hex_token};
+use crate::observe::{InFlight, PlaneObserver, Streams};
 use crate::registry::{Arrival, Registry};
 use crate::stats::PlaneStats;
 use crate::velo::{self, FrontendTransport, RegistryAcceptor};
@@ -66,6 +67,7 @@ struct Inner {
     registered: AtomicU64,
     established: AtomicU64,
     failed: AtomicU64,
+    streams: Arc<Streams>,
 }
 
 enum Transport {
@@ -82,6 +84,19 @@ impl FrontendPlane {
     pub async fn bind(
         config: ResponsePlaneConfig,
         tracker: TaskTracker,
+    ) -> Result<Self, StartError> {
+        Self::bind_observed(config, tracker, None).await
+    }
+
+    /// [`bind`](Self::bind), with an observer told of every stream's setup time.
+    ///
+    /// # Errors
+    ///
+    /// As [`bind`](Self::bind).
+    pub async fn bind_observed(
+        config: ResponsePlaneConfig,
+        tracker: TaskTracker,
+        observer: Option<Arc<dyn PlaneObserver>>,
     ) -> Result<Self, StartError> {
         let registry = Arc::new(Registry::new());
         let refused = Arc::new(AtomicU64::new(0));
@@ -123,6 +138,7 @@ impl FrontendPlane {
                 registered: AtomicU64::new(0),
                 established: AtomicU64::new(0),
                 failed: AtomicU64::new(0),
+                streams: Streams::new(observer),
             }),
         })
     }
@@ -157,6 +173,7 @@ impl FrontendPlane {
         };
         let pending = PendingResponse {
             plane: self.inner.clone(),
+            registered_at: tokio::time::Instant::now(),
             ticket,
             rx: Some(rx),
             opts,
@@ -194,6 +211,8 @@ impl FrontendPlane {
             streams_established: self.inner.established.load(Ordering::Relaxed),
             stream_setup_failures: self.inner.failed.load(Ordering::Relaxed),
             arrivals_refused: self.inner.refused.load(Ordering::Relaxed),
+            stream_errors: self.inner.streams.errors(),
+            streams_in_flight: self.inner.streams.in_flight(),
             ..PlaneStats::default()
         };
         match &self.inner.transport {
@@ -225,6 +244,11 @@ impl FrontendPlane {
         }
     }
 
+    /// Resolves once every stream this plane handed out has ended or been dropped.
+    pub async fn drained(&self) {
+        self.inner.streams.drained().await;
+    }
+
     /// Tells every worker this frontend takes no new streams; open ones finish.
     pub fn go_away(&self) {
         if let Transport::Velo(f) = &self.inner.transport {
@@ -249,6 +273,7 @@ fn routable_ip() -> IpAddr {
 /// A registered stream waiting for its worker's prologue.
 pub struct PendingResponse<T> {
     plane: Arc<Inner>,
+    registered_at: tokio::time::Instant,
     ticket: u64,
     rx: Option<oneshot::Receiver<Arrival>>,
     opts: RegisterOptions,
@@ -277,18 +302,19 @@ impl<T: DeserializeOwned> PendingResponse<T> {
     /// `ResponseTimeout`, `Closed`.
     pub async fn established(mut self) -> Result<ResponseStream<T>, ResponseError> {
         let r = self.wait().await;
-        let counter = if r.is_ok() {
-            &self.plane.established
+        if r.is_ok() {
+            self.plane.established.fetch_add(1, Ordering::Relaxed);
+            self.plane.streams.set_up(self.registered_at.elapsed());
         } else {
-            &self.plane.failed
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+            self.plane.failed.fetch_add(1, Ordering::Relaxed);
+        }
         r
     }
 
     async fn wait(&mut self) -> Result<ResponseStream<T>, ResponseError> {
         let rx = self.rx.take().ok_or(ResponseError::Closed)?;
         let codec = self.opts.codec;
+        let streams = self.plane.streams.clone();
         let establish = async move {
             let arrival = rx.await.map_err(|_| ResponseError::Closed)?;
             match arrival {
@@ -297,12 +323,12 @@ impl<T: DeserializeOwned> PendingResponse<T> {
                     let outcome = prologue::decode(incoming.prologue());
                     // Take the stream either way: after an error prologue the worker ends it.
                     let stream = incoming.accept();
-                    outcome.map(|()| ResponseStream::velo(stream, codec))
+                    outcome.map(|()| ResponseStream::velo(stream, codec, InFlight::new(&streams)))
                 }
                 Arrival::Classic(incoming) => incoming
                     .prologue()
                     .await
-                    .map(|r| ResponseStream::classic(r, codec)),
+                    .map(|r| ResponseStream::classic(r, codec, InFlight::new(&streams))),
             }
         };
         match self.opts.establish_timeout {

@@ -75,6 +75,7 @@ mod frontend;
 #[doc(hidden)]
 pub mod fuzzing;
 mod info;
+mod observe;
 mod prologue;
 mod registry;
 mod stats;
@@ -96,6 +97,7 @@ pub use error::{
 };
 pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;
+pub use observe::PlaneObserver;
 pub use registry::{MAX_PENDING, MAX_TOMBSTONES, TOMBSTONE_TTL};
 pub use stats::{
     BATCH_RECORDS_BUCKETS, Counter, FlushReason, HandshakeStats, MuxStats, PlaneStats,

@@ -14,6 +14,9 @@ macro_rules! plane_counters {
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct PlaneStats {
             $($(#[doc = $doc])+ pub $field: u64,)*
+            /// Streams handed out (frontend: established; worker: connected) that have not
+            /// ended or been dropped yet. A gauge, not a counter.
+            pub streams_in_flight: u64,
             /// The velo plane's multiplexers, every connection added up.
             pub mux: MuxStats,
             /// The velo plane's lane handshakes.
@@ -44,6 +47,8 @@ plane_counters! {
     arrivals_refused,
     /// Worker, classic plane: streams the frontend asked to stop or killed, each once.
     classic_cancellations,
+    /// Streams that ended with an error after they were set up (cancellations aside).
+    stream_errors,
 }
 
 impl PlaneStats {

@@ -10,6 +10,7 @@ use velo_mux::StreamEnd;
 use velo_session::RecvStream;
 
 use crate::classic::ClassicReader;
+use crate::observe::InFlight;
 use crate::{Cause, Codec, Disconnect, ProtocolViolation, ResponseError};
 
 /// A response stream: the worker's items, decoded, in order.
@@ -21,6 +22,7 @@ use crate::{Cause, Codec, Disconnect, ProtocolViolation, ResponseError};
 /// generating.
 pub struct ResponseStream<T> {
     inner: Inner,
+    in_flight: InFlight,
     codec: Codec,
     stopped: bool,
     done: bool,
@@ -33,9 +35,10 @@ enum Inner {
 }
 
 impl<T> ResponseStream<T> {
-    pub(crate) fn velo(stream: RecvStream, codec: Codec) -> Self {
+    pub(crate) fn velo(stream: RecvStream, codec: Codec, in_flight: InFlight) -> Self {
         Self {
             inner: Inner::Velo(stream),
+            in_flight,
             codec,
             stopped: false,
             done: false,
@@ -43,9 +46,10 @@ impl<T> ResponseStream<T> {
         }
     }
 
-    pub(crate) fn classic(reader: ClassicReader, codec: Codec) -> Self {
+    pub(crate) fn classic(reader: ClassicReader, codec: Codec, in_flight: InFlight) -> Self {
         Self {
             inner: Inner::Classic(reader),
+            in_flight,
             codec,
             stopped: false,
             done: false,
@@ -66,6 +70,7 @@ impl<T> ResponseStream<T> {
     /// Stops the stream now: the worker is told, nothing more is read.
     pub fn kill(&mut self) {
         self.done = true;
+        self.in_flight.end(None);
         match &mut self.inner {
             Inner::Velo(s) => s.cancel(velo_wire::CancelCode::CANCELLED),
             Inner::Classic(r) => r.kill(),
@@ -138,16 +143,19 @@ impl<T: DeserializeOwned> Stream for ResponseStream<T> {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 this.done = true;
+                this.in_flight.end(None);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
                 this.done = true;
+                this.in_flight.end(Some(&e));
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(Some(Ok(bytes))) => match this.codec.decode(&bytes) {
                 Ok(item) => Poll::Ready(Some(Ok(item))),
                 Err(e) => {
                     // The worker sends what we cannot read: stop it and report once.
+                    this.in_flight.end(Some(&e));
                     this.kill();
                     Poll::Ready(Some(Err(e)))
                 }

@@ -315,6 +315,54 @@ async fn dropping_the_sender_without_finish_is_an_abnormal_end(plane: Under) {
     assert_eq!(within("then nothing", rx.next()).await, None);
 }
 
+/// Both planes count the streams they handed out until each ends (or is dropped), report
+/// when none is left, and count a stream that ended in error (not a cancellation).
+async fn streams_in_flight_are_counted_until_they_end_and_errors_are_counted(plane: Under) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    s.worker.flush();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(s.frontend.stats().streams_in_flight, 1);
+    assert_eq!(s.worker.stats().streams_in_flight, 1);
+    // A clean end: both counts go back to zero, and both sides report themselves drained.
+    within("finish", tx.finish()).await.unwrap();
+    s.worker.flush();
+    assert_eq!(within("end", rx.next()).await, None);
+    within("the frontend drained", s.frontend.drained()).await;
+    within("the worker drained", s.worker.drained()).await;
+    assert_eq!(s.frontend.stats().stream_errors, 0);
+    // A stream whose sender is dropped mid-way ends in error on the frontend.
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    drop(tx);
+    s.worker.flush();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert!(matches!(within("end", rx.next()).await, Some(Err(_))));
+    assert_eq!(s.frontend.stats().stream_errors, 1);
+    within("the frontend drained", s.frontend.drained()).await;
+    // A killed stream is a cancellation, not an error.
+    let (info, pending) = register(&s);
+    let mut tx = within("connect", s.worker.connect::<Token>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    s.worker.flush();
+    let rx = within("established", pending.established()).await.unwrap();
+    drop(rx);
+    within("the worker seeing the kill", tx.context().killed()).await;
+    assert!(tx.send(&token(1)).await.unwrap_err().is_cancelled());
+    assert_eq!(s.worker.stats().stream_errors, 0);
+    drop(tx);
+    within("the worker drained", s.worker.drained()).await;
+}
+
 async fn a_worker_process_gone_mid_stream_is_disconnected(plane: Under) {
     let tracker = TaskTracker::new();
     let frontend = FrontendPlane::bind(config(plane), tracker.clone())
@@ -731,7 +779,8 @@ macro_rules! contract {
                 registrations_after_shutdown_fail_cleanly,
                 removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it,
                 a_re_associated_stream_ends_only_with_its_latest_worker_instance,
-                a_sender_dropped_before_its_prologue_ends_the_pending_disconnected
+                a_sender_dropped_before_its_prologue_ends_the_pending_disconnected,
+                streams_in_flight_are_counted_until_they_end_and_errors_are_counted
             );
         }
     )*};

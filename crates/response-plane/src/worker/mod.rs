@@ -16,6 +16,7 @@ pub use sender::ResponseSender;
 
 use crate::classic::ClassicDialer;
 use crate::info::{self, StreamAddress};
+use crate::observe::{InFlight, PlaneObserver, Streams};
 use crate::stats::PlaneStats;
 use crate::velo::{self, WorkerTransport};
 use crate::{
@@ -39,6 +40,7 @@ struct Inner {
     classic: ClassicDialer,
     setup_failures: AtomicU64,
     opened: AtomicU64,
+    streams: Arc<Streams>,
 }
 
 impl WorkerPlane {
@@ -48,6 +50,19 @@ impl WorkerPlane {
     ///
     /// [`StartError`] when the configured transport cannot be set up in this build.
     pub fn new(config: ResponsePlaneConfig, tracker: TaskTracker) -> Result<Self, StartError> {
+        Self::new_observed(config, tracker, None)
+    }
+
+    /// [`new`](Self::new), with an observer told of every stream's setup time.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn new_observed(
+        config: ResponsePlaneConfig,
+        tracker: TaskTracker,
+        observer: Option<Arc<dyn PlaneObserver>>,
+    ) -> Result<Self, StartError> {
         let classic = ClassicDialer::new(
             config.max_message_size,
             config.idle_timeout,
@@ -61,6 +76,7 @@ impl WorkerPlane {
                 classic,
                 setup_failures: AtomicU64::new(0),
                 opened: AtomicU64::new(0),
+                streams: Streams::new(observer),
             }),
         };
         // Set the configured transport up now, so a broken one fails at startup.
@@ -88,11 +104,17 @@ impl WorkerPlane {
         &self,
         info: &ConnectionInfo,
     ) -> Result<ResponseSender<T>, ResponseError> {
+        let started = tokio::time::Instant::now();
         let r = self.connect_inner(info).await;
         match &r {
-            Ok(_) => self.inner.opened.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.inner.setup_failures.fetch_add(1, Ordering::Relaxed),
-        };
+            Ok(_) => {
+                self.inner.opened.fetch_add(1, Ordering::Relaxed);
+                self.inner.streams.set_up(started.elapsed());
+            }
+            Err(_) => {
+                self.inner.setup_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         r
     }
 
@@ -114,12 +136,16 @@ impl WorkerPlane {
         let mut sender = match transport {
             None => {
                 let w = self.inner.classic.connect(&address).await?;
-                ResponseSender::new(Kind::Classic(w), address.codec)
+                ResponseSender::new(Kind::Classic(w), address.codec, self.in_flight())
             }
             Some(t) => {
                 let peer = self.velo_peer(t, &address).await?;
                 let (ticket, token) = (address.ticket, address.token()?);
-                ResponseSender::new(Kind::velo(peer, ticket, token), address.codec)
+                ResponseSender::new(
+                    Kind::velo(peer, ticket, token),
+                    address.codec,
+                    self.in_flight(),
+                )
             }
         };
         if requested != self.inner.config.plane {
@@ -160,6 +186,16 @@ impl WorkerPlane {
             })
     }
 
+    /// Counts a new stream in flight.
+    fn in_flight(&self) -> InFlight {
+        InFlight::new(&self.inner.streams)
+    }
+
+    /// Resolves once every stream this plane handed out has ended or been dropped.
+    pub async fn drained(&self) {
+        self.inner.streams.drained().await;
+    }
+
     /// The velo worker over `transport`, started on first use.
     fn velo_worker(
         &self,
@@ -194,6 +230,8 @@ impl WorkerPlane {
             streams_established: self.inner.opened.load(Ordering::Relaxed),
             stream_setup_failures: self.inner.setup_failures.load(Ordering::Relaxed),
             classic_cancellations: self.inner.classic.cancellations.load(Ordering::Relaxed),
+            stream_errors: self.inner.streams.errors(),
+            streams_in_flight: self.inner.streams.in_flight(),
             ..PlaneStats::default()
         };
         for w in self.velo_workers() {

@@ -10,6 +10,7 @@ use velo_session::{Peer, SendStream};
 use super::context::{StreamContext, Watch};
 use crate::classic::ClassicWriter;
 use crate::error::stream_error;
+use crate::observe::InFlight;
 use crate::{Codec, ResponseError, TypedError, prologue};
 
 /// The sending side of one response stream.
@@ -24,6 +25,7 @@ pub struct ResponseSender<T> {
     codec: Codec,
     buf: Vec<u8>,
     context: StreamContext,
+    in_flight: InFlight,
     _item: PhantomData<fn(&T)>,
 }
 
@@ -54,7 +56,7 @@ impl Kind {
 }
 
 impl<T: Serialize> ResponseSender<T> {
-    pub(super) fn new(kind: Kind, codec: Codec) -> Self {
+    pub(super) fn new(kind: Kind, codec: Codec, in_flight: InFlight) -> Self {
         let context = StreamContext::new();
         if let Kind::Classic(w) = &kind {
             context.set(Watch::Classic(w.control()));
@@ -64,6 +66,7 @@ impl<T: Serialize> ResponseSender<T> {
             codec,
             buf: Vec::with_capacity(256),
             context,
+            in_flight,
             _item: PhantomData,
         }
     }
@@ -78,6 +81,12 @@ impl<T: Serialize> ResponseSender<T> {
         &mut self,
         result: Result<(), TypedError>,
     ) -> Result<(), ResponseError> {
+        let r = self.prologue(result).await;
+        self.account(&r);
+        r
+    }
+
+    async fn prologue(&mut self, result: Result<(), TypedError>) -> Result<(), ResponseError> {
         let json = prologue::encode(&result);
         match std::mem::replace(&mut self.kind, Kind::Done) {
             Kind::VeloReady {
@@ -85,7 +94,9 @@ impl<T: Serialize> ResponseSender<T> {
                 ticket,
                 token,
             } => {
-                let stream = velo_session::open_on(&peer, ticket, &velo_wire::Token(token), &json)
+                let token = velo_wire::Token(token);
+                let stream = velo_session::open_when_room(&peer, ticket, &token, &json)
+                    .await
                     .map_err(stream_error)?;
                 self.context.set(Watch::Velo(stream.watch()));
                 if result.is_err() {
@@ -118,6 +129,12 @@ impl<T: Serialize> ResponseSender<T> {
     /// `Cancelled` after the frontend killed the stream, `Disconnected` when the connection
     /// is lost, `Prologue` before the prologue, `Encode`, `TooLarge`.
     pub async fn send(&mut self, item: &T) -> Result<(), ResponseError> {
+        let r = self.item(item).await;
+        self.account(&r);
+        r
+    }
+
+    async fn item(&mut self, item: &T) -> Result<(), ResponseError> {
         self.codec.encode(item, &mut self.buf)?;
         match &mut self.kind {
             Kind::Velo(s) => {
@@ -144,6 +161,12 @@ impl<T: Serialize> ResponseSender<T> {
     ///
     /// `Cancelled` or `Disconnected` if the stream had already ended.
     pub async fn finish(mut self) -> Result<(), ResponseError> {
+        let r = self.end().await;
+        self.account(&r);
+        r
+    }
+
+    async fn end(&mut self) -> Result<(), ResponseError> {
         match std::mem::replace(&mut self.kind, Kind::Done) {
             Kind::Velo(s) => s.finish(Bytes::new()).await.map_err(stream_error),
             Kind::ClassicOpen(mut w) => w.finish().await,
@@ -165,6 +188,16 @@ impl<T: Serialize> ResponseSender<T> {
     /// The stream's cancellation signals, for the engine.
     pub fn context(&self) -> StreamContext {
         self.context.clone()
+    }
+
+    /// Counts a failed call as a stream error (cancellations aside); one that ends the
+    /// stream (anything but the caller's own mistake) also ends its time in flight.
+    fn account(&mut self, r: &Result<(), ResponseError>) {
+        match r {
+            Err(e) if e.is_caller() => self.in_flight.count_error(),
+            Err(e) => self.in_flight.end(Some(e)),
+            Ok(()) => {}
+        }
     }
 }
 
