@@ -89,12 +89,8 @@ pub fn handshake(data: &[u8]) -> Summary {
 async fn run(connections: &[Connection]) -> Vec<Vec<u8>> {
     let tracker = TaskTracker::new();
     let end = End::default();
-    let endpoint = FrontendEndpoint::new(
-        settings(),
-        FRONTEND_ID,
-        Arc::new(Keep::default()),
-        tracker.clone(),
-    );
+    let keep = Arc::new(Keep::default());
+    let endpoint = FrontendEndpoint::new(settings(), FRONTEND_ID, keep.clone(), tracker.clone());
     let (listener, outputs) = Listener::new(connections, &end);
     let settings = AcceptSettings {
         handshake_timeout: HANDSHAKE_TIMEOUT,
@@ -113,6 +109,12 @@ async fn run(connections: &[Connection]) -> Vec<Vec<u8>> {
         tracker.wait().await;
     })
     .await;
+    // The kept streams hold their connection, which holds the acceptor: let go of them, or
+    // every run would leak its connection.
+    keep.0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
     assert!(
         closed.is_ok(),
         "a lane or handshake was still open {CLOSE_BOUND:?} after its transport ended"
