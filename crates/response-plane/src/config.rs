@@ -3,6 +3,8 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::env::Env;
+
 /// `DYN_RESPONSE_PLANE`: `tcp` (default, the classic plane) or `velo`.
 pub const ENV_PLANE: &str = "DYN_RESPONSE_PLANE";
 /// `DYN_VELO_RESPONSE_TRANSPORT`: `tcp` (default) or `ucx`.
@@ -18,7 +20,7 @@ pub const ENV_MAX_MESSAGE_SIZE: &str = "DYN_TCP_MAX_MESSAGE_SIZE";
 
 /// Default batching delay: 5 ms (Dynamo PR #15231).
 pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(5);
-/// Longest batching delay accepted from the environment, in ms.
+/// Longest batching delay accepted, in ms.
 pub const MAX_BATCH_MS: u64 = 10_000;
 /// Default largest message: 32 MiB.
 pub const DEFAULT_MAX_MESSAGE_SIZE: u32 = 33_554_432;
@@ -26,8 +28,9 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: u32 = 33_554_432;
 /// Which response plane a process uses. Frontend and worker must agree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Plane {
-    /// The classic plane: one TCP connection per response stream.
-    Tcp,
+    /// The classic plane Dynamo ships by default: one TCP connection per response stream
+    /// (`DYN_RESPONSE_PLANE=tcp`).
+    Classic,
     /// The velo plane: streams multiplexed over a few lanes per worker and frontend.
     Velo,
 }
@@ -36,7 +39,7 @@ impl Plane {
     /// The name used in `DYN_RESPONSE_PLANE` and in error messages.
     pub fn name(self) -> &'static str {
         match self {
-            Self::Tcp => "tcp",
+            Self::Classic => "tcp",
             Self::Velo => "velo",
         }
     }
@@ -70,53 +73,33 @@ pub enum Batching {
     Delay(Duration),
 }
 
-/// The response plane's configuration.
+/// The response plane's configuration, valid by construction: build it with
+/// [`builder`](Self::builder) (or read it with [`from_env`](Self::from_env)), which checks
+/// every value; the getters read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct ResponsePlaneConfig {
-    /// Which plane.
-    pub plane: Plane,
-    /// The velo plane's transport.
-    pub transport: VeloTransport,
-    /// The velo plane's batching.
-    pub batching: Batching,
-    /// Where a frontend listens and what it advertises; `None` listens on every interface
-    /// and advertises this host's routable address.
-    pub host: Option<IpAddr>,
-    /// The port a frontend listens on; 0 lets the OS choose.
-    pub port: u16,
-    /// Largest frame (velo) or message (classic), in bytes.
-    pub max_message_size: u32,
-    /// Lanes per worker and frontend (velo).
-    pub lanes: u16,
-    /// Credit window per stream, in items (velo).
-    pub window: u32,
-    /// The liveness bound, on both planes (default 10 s, `velo_mux::DEFAULT_IDLE_TIMEOUT`).
-    /// A velo lane silent this long is declared dead (heartbeats keep live ones talking).
-    /// Every TCP socket of either plane gives up on a peer that vanished without a FIN or RST
-    /// within it: `TCP_USER_TIMEOUT` for unacknowledged data, keepalive probes from a third
-    /// of it on for idle connections (a live but quiet peer answers them and is never cut).
-    /// A classic worker whose stream ended waits at most this long for the frontend to close
-    /// the connection before it stops watching.
-    pub idle_timeout: Duration,
-    /// Flush a stream's prologue, first item and end at once, whatever the batching delay
-    /// (velo; on by default): TTFT and completion never wait for a batch, the items in
-    /// between do. Off reproduces a plain fixed delay (Dynamo PR #15231's 5 ms arm).
-    pub eager_edges: bool,
-    /// UCX transports for the velo plane over UCX (`UCX_TLS` syntax, such as `tcp`), applied
-    /// to the plane's own UCX context; `None` keeps UCX's setting (its `UCX_TLS` environment
-    /// variable, or every transport). Not read from the environment by this crate: UCX reads
-    /// `UCX_TLS` itself.
-    pub ucx_tls: Option<String>,
-    /// UCX devices for the velo plane over UCX (`UCX_NET_DEVICES` syntax, such as `lo`),
-    /// applied like [`ucx_tls`](Self::ucx_tls).
-    pub ucx_net_devices: Option<String>,
+    plane: Plane,
+    transport: VeloTransport,
+    batching: Batching,
+    host: Option<IpAddr>,
+    port: u16,
+    max_message_size: u32,
+    lanes: u16,
+    window: u32,
+    idle_timeout: Duration,
+    eager_edges: bool,
+    ucx_tls: Option<String>,
+    ucx_net_devices: Option<String>,
 }
+
+/// Builds a [`ResponsePlaneConfig`], starting from the defaults.
+#[derive(Debug, Clone)]
+pub struct ResponsePlaneConfigBuilder(ResponsePlaneConfig);
 
 impl Default for ResponsePlaneConfig {
     fn default() -> Self {
         Self {
-            plane: Plane::Tcp,
+            plane: Plane::Classic,
             transport: VeloTransport::Tcp,
             batching: Batching::Delay(DEFAULT_BATCH_DELAY),
             host: None,
@@ -129,6 +112,268 @@ impl Default for ResponsePlaneConfig {
             ucx_tls: None,
             ucx_net_devices: None,
         }
+    }
+}
+
+impl ResponsePlaneConfig {
+    /// A builder starting from the defaults (the classic plane, as Dynamo's default).
+    pub fn builder() -> ResponsePlaneConfigBuilder {
+        ResponsePlaneConfigBuilder(Self::default())
+    }
+
+    /// A builder starting from this configuration.
+    pub fn to_builder(&self) -> ResponsePlaneConfigBuilder {
+        ResponsePlaneConfigBuilder(self.clone())
+    }
+
+    /// Which plane.
+    pub fn plane(&self) -> Plane {
+        self.plane
+    }
+    /// The velo plane's transport.
+    pub fn transport(&self) -> VeloTransport {
+        self.transport
+    }
+    /// The velo plane's batching.
+    pub fn batching(&self) -> Batching {
+        self.batching
+    }
+    /// Where a frontend listens and what it advertises; `None` listens on every interface
+    /// and advertises this host's routable address.
+    pub fn host(&self) -> Option<IpAddr> {
+        self.host
+    }
+    /// The port a frontend listens on; 0 lets the OS choose.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+    /// Largest frame (velo) or message (classic), in bytes.
+    pub fn max_message_size(&self) -> u32 {
+        self.max_message_size
+    }
+    /// Lanes per worker and frontend (velo).
+    pub fn lanes(&self) -> u16 {
+        self.lanes
+    }
+    /// Credit window per stream, in items (velo).
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+    /// The liveness bound, on both planes (see [`ResponsePlaneConfigBuilder::idle_timeout`]).
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+    /// Whether a stream's prologue, first item and end skip the batching delay (velo).
+    pub fn eager_edges(&self) -> bool {
+        self.eager_edges
+    }
+    /// UCX transports of the plane's own UCX context, if set.
+    pub fn ucx_tls(&self) -> Option<&str> {
+        self.ucx_tls.as_deref()
+    }
+    /// UCX devices of the plane's own UCX context, if set.
+    pub fn ucx_net_devices(&self) -> Option<&str> {
+        self.ucx_net_devices.as_deref()
+    }
+
+    /// Reads the configuration from the process environment.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the variable, its value and what is allowed.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|var| std::env::var(var).ok())
+    }
+
+    /// Reads the configuration through `lookup` (the environment, or a map in tests).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Self::from_env).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Self::builder().env(&Env::new(lookup))?.build()
+    }
+
+    /// The velo plane's mux settings for `side` (valid: the builder checked them).
+    pub(crate) fn mux(&self, side: velo_mux::Side) -> velo_mux::MuxConfig {
+        self.mux_builder(side)
+            .build()
+            .expect("ResponsePlaneConfig::build checked every mux setting")
+    }
+
+    fn mux_builder(&self, side: velo_mux::Side) -> velo_mux::MuxConfigBuilder {
+        velo_mux::MuxConfig::builder(side)
+            .lanes(self.lanes)
+            .window(self.window)
+            .max_frame_len(self.max_message_size)
+            .flush(self.flush_policy())
+            .idle_timeout(self.idle_timeout)
+    }
+
+    /// The velo plane's flush policy.
+    pub(crate) fn flush_policy(&self) -> velo_mux::FlushPolicy {
+        let policy = match self.batching {
+            Batching::Greedy => velo_mux::FlushPolicy::greedy(),
+            Batching::Delay(d) => velo_mux::FlushPolicy::with_max_delay(d),
+        };
+        velo_mux::FlushPolicy {
+            eager_edges: self.eager_edges,
+            ..policy
+        }
+    }
+}
+
+impl ResponsePlaneConfigBuilder {
+    /// Which plane (default: classic, as Dynamo).
+    pub fn plane(mut self, plane: Plane) -> Self {
+        self.0.plane = plane;
+        self
+    }
+    /// The velo plane's transport (default TCP).
+    pub fn transport(mut self, transport: VeloTransport) -> Self {
+        self.0.transport = transport;
+        self
+    }
+    /// The velo plane's batching (default: at most 5 ms), delays up to [`MAX_BATCH_MS`].
+    pub fn batching(mut self, batching: Batching) -> Self {
+        self.0.batching = batching;
+        self
+    }
+    /// Where a frontend listens and what it advertises (default: every interface, and this
+    /// host's routable address).
+    pub fn host(mut self, host: Option<IpAddr>) -> Self {
+        self.0.host = host;
+        self
+    }
+    /// The port a frontend listens on (default 0: the OS chooses).
+    pub fn port(mut self, port: u16) -> Self {
+        self.0.port = port;
+        self
+    }
+    /// Largest frame (velo) or message (classic), 4096 bytes..=1 GiB (default 32 MiB).
+    pub fn max_message_size(mut self, bytes: u32) -> Self {
+        self.0.max_message_size = bytes;
+        self
+    }
+    /// Lanes per worker and frontend, 1..=64 (velo; default 4).
+    pub fn lanes(mut self, lanes: u16) -> Self {
+        self.0.lanes = lanes;
+        self
+    }
+    /// Credit window per stream, 1..=65536 items (velo; default 32).
+    pub fn window(mut self, window: u32) -> Self {
+        self.0.window = window;
+        self
+    }
+    /// The liveness bound on both planes, 100 ms..=1 h (default 10 s). A velo lane silent
+    /// this long, or whose write makes no progress this long, is declared dead (heartbeats
+    /// keep live ones talking). Every TCP socket of either plane gives up on a peer that
+    /// vanished without a FIN or RST within it: `TCP_USER_TIMEOUT` for unacknowledged data,
+    /// keepalive probes from a third of it on for idle connections (a live but quiet peer
+    /// answers them and is never cut). A classic worker whose stream ended waits at most this
+    /// long for the frontend to close the connection before it stops watching.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.0.idle_timeout = timeout;
+        self
+    }
+    /// Flush a stream's prologue, first item and end at once, whatever the batching delay
+    /// (velo; on by default): TTFT and completion never wait for a batch, the items in
+    /// between do. Off reproduces a plain fixed delay (Dynamo PR #15231's 5 ms arm).
+    pub fn eager_edges(mut self, on: bool) -> Self {
+        self.0.eager_edges = on;
+        self
+    }
+    /// UCX transports for the velo plane over UCX (`UCX_TLS` syntax, such as `tcp`), applied
+    /// to the plane's own UCX context; `None` (the default) keeps UCX's setting (its `UCX_TLS`
+    /// environment variable, or every transport).
+    pub fn ucx_tls(mut self, tls: Option<String>) -> Self {
+        self.0.ucx_tls = tls;
+        self
+    }
+    /// UCX devices for the velo plane over UCX (`UCX_NET_DEVICES` syntax, such as `lo`),
+    /// applied like [`ucx_tls`](Self::ucx_tls).
+    pub fn ucx_net_devices(mut self, devices: Option<String>) -> Self {
+        self.0.ucx_net_devices = devices;
+        self
+    }
+
+    /// Applies the `DYN_*` variables `env` sets (others keep their current value).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidEnv`] naming the variable, its value and what is allowed.
+    pub fn env<F: Fn(&str) -> Option<String>>(mut self, env: &Env<F>) -> Result<Self, ConfigError> {
+        let c = &mut self.0;
+        let planes = [("tcp", Plane::Classic), ("velo", Plane::Velo)];
+        if let Some(p) = env.choice(ENV_PLANE, &planes, "expected `tcp` (the default) or `velo`")? {
+            c.plane = p;
+        }
+        let transports = [("tcp", VeloTransport::Tcp), ("ucx", VeloTransport::Ucx)];
+        let allowed = "expected `tcp` (the default) or `ucx`";
+        if let Some(t) = env.choice(ENV_TRANSPORT, &transports, allowed)? {
+            c.transport = t;
+        }
+        const BATCH: &str = "expected 0 (greedy: write whenever data is pending) or a positive \
+                             integer number of milliseconds up to 10000";
+        if let Some(d) = env.millis(ENV_BATCH_MS, MAX_BATCH_MS, BATCH)? {
+            c.batching = if d.is_zero() {
+                Batching::Greedy
+            } else {
+                Batching::Delay(d)
+            };
+        }
+        if let Some(h) = env.parsed(ENV_HOST, "expected an IPv4 or IPv6 address")? {
+            c.host = Some(h);
+        }
+        if let Some(p) = env.number(ENV_PORT, 0..=65535, "expected a port number 0..=65535")? {
+            c.port = p;
+        }
+        let size = "expected a size in bytes from 4096 to 1073741824";
+        let range = u64::from(velo_wire::MIN_MAX_FRAME_LEN)..=1 << 30;
+        if let Some(n) = env.number(ENV_MAX_MESSAGE_SIZE, range, size)? {
+            c.max_message_size = n;
+        }
+        Ok(self)
+    }
+
+    /// Checks every value.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::OutOfRange`] naming the setting, [`ConfigError::UcxNotCompiled`].
+    pub fn build(self) -> Result<ResponsePlaneConfig, ConfigError> {
+        let c = self.0;
+        if c.plane == Plane::Velo && c.transport == VeloTransport::Ucx && !cfg!(feature = "ucx") {
+            return Err(ConfigError::UcxNotCompiled);
+        }
+        if let Batching::Delay(d) = c.batching
+            && (d.is_zero() || d > Duration::from_millis(MAX_BATCH_MS))
+        {
+            return Err(ConfigError::OutOfRange {
+                setting: "batching delay",
+                value: format!("{d:?}"),
+                allowed: "must be above zero (Greedy is zero) and at most 10 s",
+            });
+        }
+        for side in [velo_mux::Side::Frontend, velo_mux::Side::Worker] {
+            c.mux_builder(side).build().map_err(|e| match e {
+                velo_mux::ConfigError::OutOfRange {
+                    field,
+                    value,
+                    allowed,
+                } => ConfigError::OutOfRange {
+                    setting: field,
+                    value,
+                    allowed,
+                },
+                _ => ConfigError::OutOfRange {
+                    setting: "mux",
+                    value: e.to_string(),
+                    allowed: "a valid mux configuration",
+                },
+            })?;
+        }
+        Ok(c)
     }
 }
 
@@ -147,125 +392,22 @@ pub enum ConfigError {
         /// What is allowed.
         allowed: &'static str,
     },
+    /// A setting is outside its allowed range.
+    #[error("invalid {setting} {value}: {allowed}")]
+    OutOfRange {
+        /// The setting.
+        setting: &'static str,
+        /// The rejected value, rendered.
+        value: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
     /// UCX was requested but this build has no UCX support.
     #[error(
         "{ENV_TRANSPORT}=ucx but this build has no UCX support: rebuild with the `ucx` cargo \
          feature (of response-plane, or runtime-glue)"
     )]
     UcxNotCompiled,
-}
-
-impl ResponsePlaneConfig {
-    /// Reads the configuration from the process environment.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming the variable, its value and what is allowed.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|var| std::env::var(var).ok())
-    }
-
-    /// Reads the configuration through `lookup` (the environment, or a map in tests).
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut c = Self::default();
-        if let Some(v) = lookup(ENV_PLANE) {
-            c.plane = match v.as_str() {
-                "tcp" => Plane::Tcp,
-                "velo" => Plane::Velo,
-                _ => {
-                    return Err(invalid(
-                        ENV_PLANE,
-                        v,
-                        "expected `tcp` (the default) or `velo`",
-                    ));
-                }
-            };
-        }
-        if let Some(v) = lookup(ENV_TRANSPORT) {
-            c.transport = match v.as_str() {
-                "tcp" => VeloTransport::Tcp,
-                "ucx" => VeloTransport::Ucx,
-                _ => {
-                    return Err(invalid(
-                        ENV_TRANSPORT,
-                        v,
-                        "expected `tcp` (the default) or `ucx`",
-                    ));
-                }
-            };
-        }
-        if let Some(v) = lookup(ENV_BATCH_MS) {
-            const ALLOWED: &str = "expected 0 (greedy: write whenever data is pending) or a positive integer \
-                                   number of milliseconds up to 10000";
-            let ms = digits(&v)
-                .filter(|&ms| ms <= MAX_BATCH_MS)
-                .ok_or_else(|| invalid(ENV_BATCH_MS, v, ALLOWED))?;
-            c.batching = if ms == 0 {
-                Batching::Greedy
-            } else {
-                Batching::Delay(Duration::from_millis(ms))
-            };
-        }
-        if let Some(v) = lookup(ENV_HOST) {
-            c.host = Some(
-                v.parse()
-                    .map_err(|_| invalid(ENV_HOST, v, "expected an IPv4 or IPv6 address"))?,
-            );
-        }
-        if let Some(v) = lookup(ENV_PORT) {
-            c.port = digits(&v)
-                .and_then(|p| u16::try_from(p).ok())
-                .ok_or_else(|| invalid(ENV_PORT, v, "expected a port number 0..=65535"))?;
-        }
-        if let Some(v) = lookup(ENV_MAX_MESSAGE_SIZE) {
-            c.max_message_size = digits(&v)
-                .and_then(|n| u32::try_from(n).ok())
-                .filter(|n| (velo_wire::MIN_MAX_FRAME_LEN..=1 << 30).contains(n))
-                .ok_or_else(|| {
-                    invalid(
-                        ENV_MAX_MESSAGE_SIZE,
-                        v,
-                        "expected a size in bytes from 4096 to 1073741824",
-                    )
-                })?;
-        }
-        if c.plane == Plane::Velo && c.transport == VeloTransport::Ucx && !cfg!(feature = "ucx") {
-            return Err(ConfigError::UcxNotCompiled);
-        }
-        Ok(c)
-    }
-
-    /// The velo plane's flush policy.
-    pub(crate) fn flush_policy(&self) -> velo_mux::FlushPolicy {
-        let policy = match self.batching {
-            Batching::Greedy => velo_mux::FlushPolicy::greedy(),
-            Batching::Delay(d) => velo_mux::FlushPolicy::with_max_delay(d),
-        };
-        velo_mux::FlushPolicy {
-            eager_edges: self.eager_edges,
-            ..policy
-        }
-    }
-}
-
-fn invalid(var: &'static str, value: String, allowed: &'static str) -> ConfigError {
-    ConfigError::InvalidEnv {
-        var,
-        value,
-        allowed,
-    }
-}
-
-/// A non-empty string of ASCII digits as a number (no sign, no spaces, no fraction).
-fn digits(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }
 
 #[cfg(test)]
@@ -279,11 +421,12 @@ mod tests {
         assert_eq!(p.max_delay, DEFAULT_BATCH_DELAY);
         assert!(p.eager_edges, "edges flush at once by default");
 
-        let plain = ResponsePlaneConfig {
-            eager_edges: false,
-            batching: Batching::Greedy,
-            ..c
-        };
+        let plain = c
+            .to_builder()
+            .eager_edges(false)
+            .batching(Batching::Greedy)
+            .build()
+            .unwrap();
         let p = plain.flush_policy();
         assert!(!p.eager_edges);
         assert_eq!(
@@ -292,6 +435,25 @@ mod tests {
                 eager_edges: false,
                 ..velo_mux::FlushPolicy::greedy()
             }
+        );
+    }
+
+    #[test]
+    fn a_setting_out_of_range_is_refused_when_built_naming_it() {
+        let err = ResponsePlaneConfig::builder().lanes(0).build().unwrap_err();
+        assert_eq!(err.to_string(), "invalid lanes 0: must be 1..=64");
+        let err = ResponsePlaneConfig::builder()
+            .idle_timeout(Duration::from_millis(1))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().starts_with("invalid idle_timeout"), "{err}");
+        let err = ResponsePlaneConfig::builder()
+            .batching(Batching::Delay(Duration::from_secs(11)))
+            .build()
+            .unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid batching delay"),
+            "{err}"
         );
     }
 }

@@ -100,11 +100,11 @@ impl FrontendPlane {
     ) -> Result<Self, StartError> {
         let registry = Arc::new(Registry::new());
         let refused = Arc::new(AtomicU64::new(0));
-        let bind_ip = config.host.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let bind = SocketAddr::new(bind_ip, config.port);
-        let (transport, local, instance) = match config.plane {
-            Plane::Tcp => {
-                let (max, liveness) = (config.max_message_size, config.idle_timeout);
+        let bind_ip = config.host().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let bind = SocketAddr::new(bind_ip, config.port());
+        let (transport, local, instance) = match config.plane() {
+            Plane::Classic => {
+                let (max, liveness) = (config.max_message_size(), config.idle_timeout());
                 let f = ClassicFrontend::bind(bind, registry.clone(), max, liveness, tracker)
                     .await
                     .map_err(|source| StartError::Bind {
@@ -125,8 +125,8 @@ impl FrontendPlane {
                 (Transport::Velo(f), local, instance)
             }
         };
-        let advertise = SocketAddr::new(config.host.unwrap_or_else(routable_ip), local.port());
-        tracing::info!(plane = config.plane.name(), %advertise, "response plane listening");
+        let advertise = SocketAddr::new(config.host().unwrap_or_else(routable_ip), local.port());
+        tracing::info!(plane = config.plane().name(), %advertise, "response plane listening");
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -166,7 +166,7 @@ impl FrontendPlane {
         };
         let transport = match &self.inner.transport {
             Transport::Classic(_) => info::CLASSIC,
-            Transport::Velo(_) => match self.inner.config.transport {
+            Transport::Velo(_) => match self.inner.config.transport() {
                 crate::VeloTransport::Tcp => info::VELO_TCP,
                 crate::VeloTransport::Ucx => info::VELO_UCX,
             },
@@ -191,7 +191,7 @@ impl FrontendPlane {
 
     /// The plane this frontend runs.
     pub fn plane(&self) -> Plane {
-        self.inner.config.plane
+        self.inner.config.plane()
     }
 
     /// The address workers connect to.
@@ -358,7 +358,7 @@ impl<T> std::fmt::Debug for PendingResponse<T> {
 impl std::fmt::Debug for FrontendPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FrontendPlane")
-            .field("plane", &self.inner.config.plane)
+            .field("plane", &self.inner.config.plane())
             .field("address", &self.inner.advertise)
             .finish()
     }

@@ -69,6 +69,7 @@ mod cause;
 mod classic;
 mod codec;
 mod config;
+pub mod env;
 mod error;
 mod frontend;
 #[cfg(feature = "__fuzz")]
@@ -90,7 +91,7 @@ pub use codec::Codec;
 pub use config::{
     Batching, ConfigError, DEFAULT_BATCH_DELAY, DEFAULT_MAX_MESSAGE_SIZE, ENV_BATCH_MS, ENV_HOST,
     ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT, ENV_TRANSPORT, MAX_BATCH_MS, Plane,
-    ResponsePlaneConfig, VeloTransport,
+    ResponsePlaneConfig, ResponsePlaneConfigBuilder, VeloTransport,
 };
 pub use error::{
     Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TypedError,
@@ -133,22 +134,4 @@ pub enum StartError {
     #[cfg(feature = "ucx")]
     #[error("cannot start the UCX transport: {0}")]
     Ucx(#[source] velo_ucx::UcxError),
-    /// A setting is out of the range the transport accepts.
-    #[error("invalid setting: {0}")]
-    Setting(String),
-}
-
-/// The mux configuration for one side, from the plane's configuration.
-pub(crate) fn mux_config(
-    c: &ResponsePlaneConfig,
-    side: velo_mux::Side,
-) -> Result<velo_mux::MuxConfig, StartError> {
-    velo_mux::MuxConfig::builder(side)
-        .lanes(c.lanes)
-        .window(c.window)
-        .max_frame_len(c.max_message_size)
-        .flush(c.flush_policy())
-        .idle_timeout(c.idle_timeout)
-        .build()
-        .map_err(|e| StartError::Setting(e.to_string()))
 }

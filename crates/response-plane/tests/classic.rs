@@ -21,14 +21,12 @@ async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
 
 /// The classic plane on loopback, with `idle` as its liveness bound.
 fn config(idle: Duration) -> ResponsePlaneConfig {
-    let mut c = ResponsePlaneConfig::from_lookup(|var| match var {
-        "DYN_RESPONSE_PLANE" => Some("tcp".to_owned()),
-        "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".to_owned()),
-        _ => None,
-    })
-    .unwrap();
-    c.idle_timeout = idle;
-    c
+    ResponsePlaneConfig::builder()
+        .plane(response_plane::Plane::Classic)
+        .host(Some("127.0.0.1".parse().unwrap()))
+        .idle_timeout(idle)
+        .build()
+        .unwrap()
 }
 
 /// An established stream whose frontend holds it open and reads nothing; then `stop` on the

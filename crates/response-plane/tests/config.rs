@@ -17,11 +17,11 @@ fn parse(vars: &[(&str, &str)]) -> Result<ResponsePlaneConfig, ConfigError> {
 #[test]
 fn defaults_are_the_classic_plane_and_a_5_ms_batch() {
     let c = parse(&[]).unwrap();
-    assert_eq!(c.plane, Plane::Tcp);
-    assert_eq!(c.transport, VeloTransport::Tcp);
-    assert_eq!(c.batching, Batching::Delay(Duration::from_millis(5)));
-    assert_eq!(c.port, 0);
-    assert_eq!(c.max_message_size, 33_554_432);
+    assert_eq!(c.plane(), Plane::Classic);
+    assert_eq!(c.transport(), VeloTransport::Tcp);
+    assert_eq!(c.batching(), Batching::Delay(Duration::from_millis(5)));
+    assert_eq!(c.port(), 0);
+    assert_eq!(c.max_message_size(), 33_554_432);
 }
 
 #[test]
@@ -35,20 +35,20 @@ fn valid_values_select_what_they_name() {
         ("DYN_TCP_MAX_MESSAGE_SIZE", "1048576"),
     ])
     .unwrap();
-    assert_eq!(c.plane, Plane::Velo);
-    assert_eq!(c.batching, Batching::Greedy);
-    assert_eq!(c.host, Some("127.0.0.1".parse().unwrap()));
-    assert_eq!(c.port, 8123);
-    assert_eq!(c.max_message_size, 1_048_576);
+    assert_eq!(c.plane(), Plane::Velo);
+    assert_eq!(c.batching(), Batching::Greedy);
+    assert_eq!(c.host(), Some("127.0.0.1".parse().unwrap()));
+    assert_eq!(c.port(), 8123);
+    assert_eq!(c.max_message_size(), 1_048_576);
     assert_eq!(
         parse(&[("DYN_VELO_RESPONSE_BATCH_MS", "12")])
             .unwrap()
-            .batching,
+            .batching(),
         Batching::Delay(Duration::from_millis(12))
     );
     assert_eq!(
-        parse(&[("DYN_RESPONSE_PLANE", "tcp")]).unwrap().plane,
-        Plane::Tcp
+        parse(&[("DYN_RESPONSE_PLANE", "tcp")]).unwrap().plane(),
+        Plane::Classic
     );
 }
 

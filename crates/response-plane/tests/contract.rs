@@ -44,7 +44,7 @@ struct Under {
 }
 
 const CLASSIC: Under = Under {
-    plane: Plane::Tcp,
+    plane: Plane::Classic,
     transport: VeloTransport::Tcp,
 };
 #[cfg(feature = "tcp")]
@@ -62,7 +62,7 @@ impl Under {
     /// A name for files and the helper process.
     fn label(self) -> String {
         match self.plane {
-            Plane::Tcp => "tcp".to_owned(),
+            Plane::Classic => "tcp".to_owned(),
             Plane::Velo => format!("velo-{}", self.transport.name()),
         }
     }
@@ -75,7 +75,7 @@ impl Under {
         let plane = if label.starts_with("velo") {
             Plane::Velo
         } else {
-            Plane::Tcp
+            Plane::Classic
         };
         Self { plane, transport }
     }
@@ -88,14 +88,16 @@ fn config(under: Under) -> ResponsePlaneConfig {
         "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".to_owned()),
         _ => None,
     })
-    .unwrap();
-    c.idle_timeout = Duration::from_secs(10);
+    .unwrap()
+    .to_builder()
+    .idle_timeout(Duration::from_secs(10));
     if under.transport == VeloTransport::Ucx {
         // Loopback only, whatever the environment says: UCX_TLS=tcp, UCX_NET_DEVICES=lo.
-        c.ucx_tls = Some("tcp".to_owned());
-        c.ucx_net_devices = Some("lo".to_owned());
+        c = c
+            .ucx_tls(Some("tcp".to_owned()))
+            .ucx_net_devices(Some("lo".to_owned()));
     }
-    c
+    c.build().unwrap()
 }
 
 struct Setup {
@@ -600,7 +602,7 @@ async fn a_kill_racing_setup_still_reaches_the_engine(plane: Under) {
 
 async fn a_plane_mismatch_answers_with_an_error_prologue(plane: Under) {
     let other = match plane.plane {
-        Plane::Tcp => Under {
+        Plane::Classic => Under {
             plane: Plane::Velo,
             transport: if cfg!(all(feature = "ucx", not(feature = "tcp"))) {
                 VeloTransport::Ucx
@@ -840,8 +842,12 @@ async fn classic_data_after_the_final_item_is_an_error() {
 #[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ucx_that_cannot_initialise_is_a_startup_error() {
-    let mut c = config(VELO_UCX);
-    c.ucx_tls = Some("sm,self".to_owned()); // no network transport: no lane could connect
+    // No network transport: no lane could connect.
+    let c = config(VELO_UCX)
+        .to_builder()
+        .ucx_tls(Some("sm,self".to_owned()))
+        .build()
+        .unwrap();
     let tracker = TaskTracker::new();
     let err = FrontendPlane::bind(c.clone(), tracker.clone())
         .await

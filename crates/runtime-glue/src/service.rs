@@ -54,7 +54,7 @@ impl ResponseService {
     /// [`StartupError`] naming the cause.
     pub async fn start(config: ServiceConfig) -> Result<Self, StartupError> {
         let tracker = TaskTracker::new();
-        let span = tracing::info_span!("response_plane.start", plane = config.plane.plane.name());
+        let span = tracing::info_span!("response_plane.start", plane = config.plane.plane().name());
         let (frontend, worker) = async {
             let frontend = match config.roles.frontend {
                 true => Some(FrontendPlane::bind(config.plane.clone(), tracker.clone()).await?),
@@ -100,7 +100,7 @@ impl ResponseService {
             }
         };
         tracing::info!(
-            plane = config.plane.plane.name(),
+            plane = config.plane.plane().name(),
             frontend = config.roles.frontend,
             worker = config.roles.worker,
             metrics = ?metrics_addr,
@@ -299,7 +299,7 @@ impl ResponseService {
 impl std::fmt::Debug for ResponseService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseService")
-            .field("plane", &self.inner.config.plane.plane)
+            .field("plane", &self.inner.config.plane.plane())
             .field("roles", &self.inner.config.roles)
             .field("metrics", &self.inner.metrics_addr)
             .finish()

@@ -48,7 +48,7 @@ fn every_invalid_value_fails_startup_with_its_message() {
 #[test]
 fn defaults_and_valid_values() {
     let c = parse(&[]).unwrap();
-    assert_eq!(c.plane.plane, Plane::Tcp);
+    assert_eq!(c.plane.plane(), Plane::Classic);
     assert_eq!(c.metrics_addr, None);
     assert_eq!(c.grace, Duration::from_secs(5));
     assert_eq!(c.teardown_timeout, Duration::from_secs(10));
@@ -69,8 +69,8 @@ fn the_command_line_overrides_the_environment() {
         ..Default::default()
     };
     let c = ServiceConfig::from_args(Roles::WORKER, &args).unwrap();
-    assert_eq!(c.plane.plane, Plane::Velo);
-    assert_eq!(c.plane.batching, response_plane::Batching::Greedy);
+    assert_eq!(c.plane.plane(), Plane::Velo);
+    assert_eq!(c.plane.batching(), response_plane::Batching::Greedy);
     let bad = ServiceArgs {
         response_plane: Some("nope".into()),
         ..Default::default()
@@ -86,7 +86,7 @@ fn the_command_line_overrides_the_environment() {
 
 #[tokio::test]
 async fn the_selected_plane_is_the_one_that_runs() {
-    for (name, plane) in [("tcp", Plane::Tcp), ("velo", Plane::Velo)] {
+    for (name, plane) in [("tcp", Plane::Classic), ("velo", Plane::Velo)] {
         let config = parse(&[
             ("DYN_RESPONSE_PLANE", name),
             ("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1"),
@@ -104,7 +104,7 @@ async fn the_selected_plane_is_the_one_that_runs() {
         let (info, _pending) = service.register::<String>(Default::default()).unwrap();
         assert_eq!(
             info.transport,
-            if plane == Plane::Tcp {
+            if plane == Plane::Classic {
                 "tcp"
             } else {
                 "velo-tcp"

@@ -302,5 +302,5 @@ async fn a_scrape_after_streams_on_the_velo_plane_shows_names_labels_and_values(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_after_streams_on_the_classic_plane_shows_names_labels_and_values() {
-    run(Plane::Tcp).await;
+    run(Plane::Classic).await;
 }

@@ -181,28 +181,24 @@ pub fn select(spec: &str) -> Result<Vec<Arm>, String> {
 ///
 /// For a name that is not one of our arms.
 pub fn our_config(name: &str) -> Result<(ResponsePlaneConfig, bool), String> {
-    let mut c = ResponsePlaneConfig::default();
-    c.host = Some("127.0.0.1".parse().expect("a valid address"));
     let five = Batching::Delay(Duration::from_millis(5));
-    let flush = match name {
-        "velo-tcp-5ms" => {
-            (c.plane, c.batching) = (Plane::Velo, five);
-            false
-        }
-        "velo-tcp-greedy" => {
-            (c.plane, c.batching) = (Plane::Velo, Batching::Greedy);
-            false
-        }
-        "velo-tcp-pass" => {
-            (c.plane, c.batching) = (Plane::Velo, five);
-            true
-        }
-        "velo-ucx" => {
-            (c.plane, c.transport, c.batching) = (Plane::Velo, VeloTransport::Ucx, five);
-            true
-        }
-        "tcp" => false,
+    let velo = |transport, batching| {
+        ResponsePlaneConfig::builder()
+            .plane(Plane::Velo)
+            .transport(transport)
+            .batching(batching)
+    };
+    let (builder, flush) = match name {
+        "velo-tcp-5ms" => (velo(VeloTransport::Tcp, five), false),
+        "velo-tcp-greedy" => (velo(VeloTransport::Tcp, Batching::Greedy), false),
+        "velo-tcp-pass" => (velo(VeloTransport::Tcp, five), true),
+        "velo-ucx" => (velo(VeloTransport::Ucx, five), true),
+        "tcp" => (ResponsePlaneConfig::builder().plane(Plane::Classic), false),
         other => return Err(format!("{other:?} is not one of this binary's arms")),
     };
-    Ok((c, flush))
+    let config = builder
+        .host(Some(std::net::Ipv4Addr::LOCALHOST.into()))
+        .build()
+        .map_err(|e| format!("arm {name:?}: {e}"))?;
+    Ok((config, flush))
 }

@@ -179,11 +179,11 @@ fn check_env(bytes: &[u8]) {
         return;
     };
     assert!(
-        (velo_wire::MIN_MAX_FRAME_LEN..=1 << 30).contains(&config.max_message_size),
+        (velo_wire::MIN_MAX_FRAME_LEN..=1 << 30).contains(&config.max_message_size()),
         "max message size {} accepted",
-        config.max_message_size
+        config.max_message_size()
     );
-    if let Batching::Delay(d) = config.batching {
+    if let Batching::Delay(d) = config.batching() {
         assert!(
             d.as_millis() >= 1 && d.as_millis() <= u128::from(crate::config::MAX_BATCH_MS),
             "batching delay {d:?} accepted"

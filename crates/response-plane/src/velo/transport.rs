@@ -49,8 +49,8 @@ pub(crate) async fn bind_frontend(
     acceptor: Arc<dyn Acceptor>,
     tracker: TaskTracker,
 ) -> Result<Box<dyn FrontendTransport>, StartError> {
-    let mux = crate::mux_config(config, velo_mux::Side::Frontend)?;
-    match config.transport {
+    let mux = config.mux(velo_mux::Side::Frontend);
+    match config.transport() {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => {
             let f = velo_tcp::TcpFrontend::bind(addr, mux, tcp_config(config), acceptor, tracker)
@@ -85,7 +85,7 @@ pub(crate) fn start_worker(
     transport: VeloTransport,
     tracker: TaskTracker,
 ) -> Result<Arc<dyn WorkerTransport>, StartError> {
-    let mux = crate::mux_config(config, velo_mux::Side::Worker)?;
+    let mux = config.mux(velo_mux::Side::Worker);
     match transport {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => Ok(Arc::new(velo_tcp::TcpWorker::new(
@@ -119,7 +119,7 @@ fn not_compiled(transport: VeloTransport) -> StartError {
 #[cfg(feature = "tcp")]
 fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
     velo_tcp::TcpConfig {
-        liveness: Some(c.idle_timeout),
+        liveness: Some(c.idle_timeout()),
         ..velo_tcp::TcpConfig::default()
     }
 }
@@ -129,8 +129,8 @@ fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
 #[cfg(feature = "ucx")]
 fn ucx_config(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfig {
     velo_ucx::UcxConfig {
-        tls: c.ucx_tls.clone(),
-        net_devices: c.ucx_net_devices.clone(),
+        tls: c.ucx_tls().map(str::to_owned),
+        net_devices: c.ucx_net_devices().map(str::to_owned),
         ..velo_ucx::UcxConfig::default()
     }
 }

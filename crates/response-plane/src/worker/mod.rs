@@ -64,8 +64,8 @@ impl WorkerPlane {
         observer: Option<Arc<dyn PlaneObserver>>,
     ) -> Result<Self, StartError> {
         let classic = ClassicDialer::new(
-            config.max_message_size,
-            config.idle_timeout,
+            config.max_message_size(),
+            config.idle_timeout(),
             tracker.clone(),
         );
         let plane = Self {
@@ -80,15 +80,15 @@ impl WorkerPlane {
             }),
         };
         // Set the configured transport up now, so a broken one fails at startup.
-        if plane.inner.config.plane == Plane::Velo {
-            plane.velo_worker(plane.inner.config.transport)?;
+        if plane.inner.config.plane() == Plane::Velo {
+            plane.velo_worker(plane.inner.config.transport())?;
         }
         Ok(plane)
     }
 
     /// The plane this worker is configured for.
     pub fn plane(&self) -> Plane {
-        self.inner.config.plane
+        self.inner.config.plane()
     }
 
     /// Prepares the response stream addressed by `info` (connecting to its frontend once per
@@ -123,7 +123,7 @@ impl WorkerPlane {
         info: &ConnectionInfo,
     ) -> Result<ResponseSender<T>, ResponseError> {
         let (requested, transport) = match info.transport.as_str() {
-            info::CLASSIC => (Plane::Tcp, None),
+            info::CLASSIC => (Plane::Classic, None),
             info::VELO_TCP => (Plane::Velo, Some(VeloTransport::Tcp)),
             info::VELO_UCX => (Plane::Velo, Some(VeloTransport::Ucx)),
             other => {
@@ -148,10 +148,10 @@ impl WorkerPlane {
                 )
             }
         };
-        if requested != self.inner.config.plane {
+        if requested != self.inner.config.plane() {
             let err = ResponseError::PlaneMismatch {
                 requested,
-                configured: self.inner.config.plane,
+                configured: self.inner.config.plane(),
             };
             let cause = TypedError::new("ResponsePlaneMismatch", err.to_string());
             // Best effort: the frontend learns why; this request is not served either way.
@@ -264,7 +264,7 @@ impl WorkerPlane {
 impl std::fmt::Debug for WorkerPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPlane")
-            .field("plane", &self.inner.config.plane)
+            .field("plane", &self.inner.config.plane())
             .finish()
     }
 }
