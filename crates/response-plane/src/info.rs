@@ -65,8 +65,7 @@ impl StreamAddress {
     }
 
     pub(crate) fn instance_id(&self) -> Result<velo_wire::InstanceId, ResponseError> {
-        u128::from_str_radix(&self.instance, 16)
-            .ok()
+        parse_hex(&self.instance)
             .filter(|&v| v != 0)
             .map(velo_wire::InstanceId::from_u128)
             .ok_or_else(|| {
@@ -75,13 +74,23 @@ impl StreamAddress {
     }
 
     pub(crate) fn token(&self) -> Result<[u8; 16], ResponseError> {
-        let bad = || ResponseError::InvalidConnectionInfo(InvalidInfo::Token);
-        let v = u128::from_str_radix(&self.token, 16).map_err(|_| bad())?;
-        if self.token.len() != 32 {
-            return Err(bad());
-        }
-        Ok(v.to_be_bytes())
+        parse_token(&self.token).ok_or(ResponseError::InvalidConnectionInfo(InvalidInfo::Token))
     }
+}
+
+/// 1 to 32 hex digits and nothing else. `u128::from_str_radix` alone also takes a leading
+/// `+`, so "+0010..." would read as "00010...": a second spelling of the same id.
+fn parse_hex(s: &str) -> Option<u128> {
+    let digits = !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    digits.then(|| u128::from_str_radix(s, 16).ok()).flatten()
+}
+
+/// A stream token: exactly 32 hex digits.
+pub(crate) fn parse_token(s: &str) -> Option<[u8; 16]> {
+    (s.len() == 32)
+        .then(|| parse_hex(s))
+        .flatten()
+        .map(u128::to_be_bytes)
 }
 
 pub(crate) fn hex_token(token: &[u8; 16]) -> String {

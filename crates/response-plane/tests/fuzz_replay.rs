@@ -6,7 +6,7 @@
 //! A failure prints the seed and input number and the input in hex, and saves the input under
 //! `fuzz/artifacts/<target>/`; commit it to the corpus as a regression input.
 
-use response_plane::fuzzing::{classic_stream, parsers, parsers_strict};
+use response_plane::fuzzing::{classic_stream, parsers};
 use velo_wire::fuzzing::replay::Replay;
 
 const PROLOGUE: Replay = Replay {
@@ -45,18 +45,11 @@ fn seeded_mutations_of_the_classic_corpus_stay_within_the_message_bounds() {
     println!("seed {seed:#018x}: {} inputs", CLASSIC.generated);
 }
 
-/// KNOWN BUG, reported and not fixed yet: `StreamAddress::token` accepts a token with a
-/// leading `+` ("+0010..." reads as "00010...": `u128::from_str_radix` takes a sign). Found by
-/// the `prologue` target; the input is `fuzz/regressions/prologue/token-with-plus-sign.bin`.
-/// This test fails until `crates/response-plane/src/info.rs` refuses it; then drop the ignore
-/// and the known-bug allowance in `response_plane::fuzzing`.
+/// Found by the `prologue` target: `StreamAddress::token` took a leading `+` ("+0010..."
+/// read as "00010...": `u128::from_str_radix` takes a sign), a second spelling of one token.
 #[test]
-#[ignore = "KNOWN BUG: fails until StreamAddress::token refuses a leading '+' (reported)"]
 fn regression_a_token_with_a_plus_sign_is_refused() {
-    let dir = PROLOGUE.corpus_dir().join("../../regressions/prologue");
-    for entry in std::fs::read_dir(&dir).expect("fuzz/regressions/prologue exists") {
-        let path = entry.expect("readable directory").path();
-        let input = std::fs::read(&path).expect("readable regression input");
-        parsers_strict(&input);
-    }
+    let input = std::fs::read(PROLOGUE.corpus_dir().join("token-with-plus-sign.bin"))
+        .expect("the regression input is in the prologue corpus");
+    parsers(&input);
 }

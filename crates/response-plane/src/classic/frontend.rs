@@ -130,9 +130,11 @@ async fn handshake(
         refused.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let token = u128::from_str_radix(&h.token, 16)
-        .map(u128::to_be_bytes)
-        .unwrap_or([0; 16]);
+    let Some(token) = crate::info::parse_token(&h.token) else {
+        refused.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.write_all(&frame::header(KILL, 0)).await;
+        return;
+    };
     match registry.claim(h.stream, &token) {
         Ok(tx) => {
             // If the pending handle is gone the connection is dropped: the worker sees its end.

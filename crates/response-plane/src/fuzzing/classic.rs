@@ -96,7 +96,7 @@ fn on_message(phase: Phase, kind: u8, body: &[u8]) -> Phase {
             let Ok(h) = serde_json::from_slice::<Handshake>(body) else {
                 return Phase::Done;
             };
-            let _ = u128::from_str_radix(&h.token, 16).map(u128::to_be_bytes);
+            let _ = crate::info::parse_token(&h.token);
             Phase::Prologue
         }
         (Phase::Prologue, PROLOGUE) => match prologue::decode(body) {

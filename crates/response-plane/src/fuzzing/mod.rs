@@ -46,37 +46,13 @@ const ENV_VARS: [&str; 6] = [
 /// Separates the fuzzer's environment values (a byte UTF-8 never contains).
 const ENV_SEPARATOR: u8 = 0xff;
 
-/// What the checks do about bugs the fuzzer found that are reported but not fixed yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KnownBugs {
-    /// Let them pass, so fuzzing (and CI's fuzz-smoke) goes on finding new ones.
-    Tolerate,
-    /// Fail on them: the regression test of each (ignored until its fix lands).
-    Fail,
-}
-
-/// The parser `data[0]` selects, on the rest of `data`. Bugs already found and reported are
-/// let through (see [`parsers_strict`]).
+/// The parser `data[0]` selects, on the rest of `data`.
 ///
 /// # Panics
 ///
 /// When a parser panics, accepts what its encoder cannot reproduce, or accepts settings
 /// outside their documented range.
 pub fn parsers(data: &[u8]) {
-    run(data, KnownBugs::Tolerate);
-}
-
-/// [`parsers`], failing on the known bugs too: what their regression inputs
-/// (`fuzz/regressions/prologue/`) are replayed with.
-///
-/// # Panics
-///
-/// As [`parsers`], and on the known bugs.
-pub fn parsers_strict(data: &[u8]) {
-    run(data, KnownBugs::Fail);
-}
-
-fn run(data: &[u8], bugs: KnownBugs) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
@@ -84,7 +60,7 @@ fn run(data: &[u8], bugs: KnownBugs) {
         0 => check_prologue(rest),
         1 => check_item(Codec::Msgpack, rest),
         2 => check_item(Codec::Json, rest),
-        3 => check_address(rest, bugs),
+        3 => check_address(rest),
         _ => check_env(rest),
     }
 }
@@ -130,7 +106,7 @@ fn check_item(codec: Codec, bytes: &[u8]) {
 
 /// A stream address (the JSON a worker finds in a request) parses or is refused; its ids
 /// parse or are refused; a parsed address re-serializes to itself.
-fn check_address(bytes: &[u8], bugs: KnownBugs) {
+fn check_address(bytes: &[u8]) {
     let Some((&which, json)) = bytes.split_first() else {
         return;
     };
@@ -145,12 +121,8 @@ fn check_address(bytes: &[u8], bugs: KnownBugs) {
     let _ = address.instance_id();
     if let Ok(token) = address.token() {
         let canonical = crate::info::hex_token(&token) == address.token.to_ascii_lowercase();
-        // KNOWN BUG (found by this target, reported; regression input
-        // fuzz/regressions/prologue/token-with-plus-sign.bin): `StreamAddress::token` takes a
-        // leading `+` (`u128::from_str_radix` does), so "+0010..." is read as "00010...".
-        let known = address.token.starts_with('+') && bugs == KnownBugs::Tolerate;
         assert!(
-            canonical || known,
+            canonical,
             "token {:?} is not canonical hex: it re-encodes as {:?}",
             address.token,
             crate::info::hex_token(&token)
