@@ -14,16 +14,17 @@ const LAYERS: &[(&str, u8)] = &[
     ("response-plane", 4),
     ("runtime-glue", 5),
     ("velo-bench", 6),
+    ("velo-faults", 6),
 ];
 
 const ARROW: &str = "velo-wire <- velo-mux <- velo-session <- {velo-tcp, velo-ucx} \
-                     <- response-plane <- runtime-glue <- velo-bench";
+                     <- response-plane <- runtime-glue <- {velo-bench, velo-faults}";
 
 /// Outside the layering: tooling that may use any crate.
 const TOOLING: &[&str] = &["xtask"];
 
 /// Crates nothing else may depend on.
-const TOPS: &[&str] = &["xtask", "velo-bench"];
+const TOPS: &[&str] = &["xtask", "velo-bench", "velo-faults"];
 
 /// Crates whose normal dependency closure must stay clean.
 const SANS_IO_CORE: &[&str] = &["velo-wire", "velo-mux"];

@@ -7,6 +7,7 @@
 mod bench;
 mod ci;
 mod cmd;
+mod faults;
 mod flags;
 mod flaky;
 mod fuzz;
@@ -39,8 +40,14 @@ Commands:
                            or N inputs; new inputs go to fuzz/target/campaign-corpus/
   bench [--save NAME | --baseline NAME]
                            criterion benches of velo-wire and velo-mux
-  soak [--duration 10m] [--plane velo|tcp] [--concurrency N] [--summary PATH]
-                           random stream fates for a long time, RSS sampling, an oracle
+  soak [--duration 10m] [--plane velo|tcp] [--concurrency N] [--summary PATH] [--faults]
+                           random stream fates for a long time, RSS sampling, an oracle;
+                           --faults also injects resets, cuts, stalls and proxy restarts
+  faults [--planes velo,tcp] [--scenarios all|a,b] [--idle-ms 2000] [--slack-ms 1000]
+         [--grace-ms 4000] [--logs DIR]
+                           fault scenarios against both planes (kills, blackhole, zero
+                           window, slow consumer, OPEN flood, 2% loss in namespaces, restart,
+                           go-away): one table; fails on a hang or a bound exceeded
   help                     print this help
 
 Environment:
@@ -83,6 +90,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "fuzz" => fuzz::campaign(&fuzz::Options::parse(rest)?)?,
         "bench" => bench::run(&bench::Options::parse(rest)?)?,
         "soak" => soak::run(&soak::Options::parse(rest)?)?,
+        "faults" => faults::run(&faults::Options::parse(rest)?)?,
         other => {
             eprint!("{HELP}");
             return Err(format!("unknown command `{other}`").into());

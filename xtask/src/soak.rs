@@ -7,6 +7,8 @@ use crate::{Result, flags};
 
 /// Where the summary goes unless `--summary` says otherwise.
 const DEFAULT_SUMMARY: &str = "target/soak-summary.json";
+/// The bare flag that turns fault injection on (it takes no value).
+const FAULTS_FLAG: &str = "--faults";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Options {
@@ -14,11 +16,15 @@ pub(crate) struct Options {
     plane: String,
     concurrency: u64,
     summary: String,
+    /// Inject faults through `velo-faults`' proxy.
+    faults: bool,
 }
 
 impl Options {
     pub(crate) fn parse(args: &[String]) -> Result<Self> {
-        let flags = flags::parse(args, &["duration", "plane", "concurrency", "summary"])?;
+        let faults = args.iter().any(|a| a == FAULTS_FLAG);
+        let args: Vec<String> = args.iter().filter(|a| *a != FAULTS_FLAG).cloned().collect();
+        let flags = flags::parse(&args, &["duration", "plane", "concurrency", "summary"])?;
         let secs = match flags.get("duration") {
             None => 600,
             Some(d) => duration_secs(d)?,
@@ -43,7 +49,16 @@ impl Options {
             plane,
             concurrency,
             summary,
+            faults,
         })
+    }
+}
+
+/// Where cargo builds: `$CARGO_TARGET_DIR`, else `target/` under the repository root.
+fn target_dir() -> std::path::PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => crate::cmd::project_root().join(dir),
+        None => crate::cmd::project_root().join("target"),
     }
 }
 
@@ -66,6 +81,19 @@ fn duration_secs(d: &str) -> Result<u64> {
 }
 
 pub(crate) fn run(opts: &Options) -> Result {
+    let mut extra = Vec::new();
+    if opts.faults {
+        // The proxy is velo-faults' binary, a separate process: runtime-glue sits below it.
+        Cmd::cargo()
+            .args(["build", "--release", "-p", "velo-faults"])
+            .run()?;
+        let bin = target_dir().join("release").join("velo-faults");
+        extra = vec![
+            FAULTS_FLAG.to_owned(),
+            "--proxy-bin".to_owned(),
+            bin.display().to_string(),
+        ];
+    }
     Cmd::cargo()
         .args([
             "run",
@@ -83,6 +111,7 @@ pub(crate) fn run(opts: &Options) -> Result {
             "--summary",
             &opts.summary,
         ])
+        .args(extra)
         .run()?;
     println!("soak: summary in {}", opts.summary);
     Ok(())
@@ -114,5 +143,12 @@ mod tests {
             .map(|s| (*s).to_owned())
             .collect();
         assert!(Options::parse(&args).is_err());
+        assert!(!o.faults);
+        let args: Vec<String> = ["--faults", "--duration", "2m"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let o = Options::parse(&args).unwrap();
+        assert!(o.faults && o.secs == 120);
     }
 }

@@ -27,6 +27,7 @@ const MATRIX: &[Row] = &[
     Row::new("runtime-glue", Features::Default),
     Row::ucx("runtime-glue", Features::All),
     Row::new("velo-bench", Features::Default),
+    Row::new("velo-faults", Features::Default),
     Row::new("xtask", Features::Default),
 ];
 

@@ -2,8 +2,18 @@
 //! with random stops, kills and dropped handles, while resident memory is sampled. At the end
 //! an oracle checks that every stream ended exactly once and that nothing was left behind.
 //!
-//! `cargo xtask soak --duration 10m` (or `cargo run --release -p runtime-glue --example soak --
-//! --duration 600 --summary soak.json`). Exits non-zero when the oracle fails.
+//! With `--faults --proxy-bin PATH` (a `velo-faults` binary) half the streams go through a
+//! fault proxy that resets, cuts and stalls every few seconds, or is killed and restarted
+//! (`soak/faults.rs`); streams hit by a fault must still end exactly once and in time, the
+//! others are held to the usual oracle.
+//!
+//! `cargo xtask soak --duration 10m [--faults]` (or `cargo run --release -p runtime-glue
+//! --example soak -- --duration 600 --summary soak.json`). Exits non-zero when the oracle fails.
+
+#[path = "soak/faults.rs"]
+mod faults;
+#[path = "soak/oracle.rs"]
+mod oracle;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +22,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use response_plane::{RegisterOptions, ResponseError};
 use runtime_glue::{ResponseService, Roles, ServiceConfig};
+
+use crate::faults::Faults;
+
+/// Longest one stream may take, faults included (a stall, the idle timeout, a reconnection);
+/// one still running then counts as hanging.
+const STREAM_DEADLINE: Duration = Duration::from_secs(30);
+/// RSS may grow at most this much between the end of the warm-up and the end of the run.
+const MAX_RSS_GROWTH: f64 = 1.5;
 
 #[derive(Default)]
 struct Counts {
@@ -22,7 +40,40 @@ struct Counts {
     receiver_dropped: AtomicU64,
     sender_dropped_seen: AtomicU64,
     unexpected: AtomicU64,
+    /// Streams that outlived [`STREAM_DEADLINE`].
+    hung: AtomicU64,
+    /// Proxied streams a fault overlapped, and those of them that did not end as their fate
+    /// says (allowed).
+    faulted: AtomicU64,
+    faulted_disrupted: AtomicU64,
 }
+
+/// Where a stream is, for the report on one that hangs: the producer's and the consumer's
+/// last step (see [`Step`]) and items sent and seen.
+#[derive(Default)]
+struct Progress {
+    producer: std::sync::atomic::AtomicU8,
+    /// Set when the producer's last step failed.
+    producer_failed: std::sync::atomic::AtomicBool,
+    consumer: std::sync::atomic::AtomicU8,
+    sent: AtomicU64,
+    seen: AtomicU64,
+}
+
+/// Steps of either side, in order; 0 is the first (the producer connecting, the consumer
+/// waiting for the prologue).
+struct Step;
+
+impl Step {
+    const PROLOGUE: u8 = 1;
+    const SEND: u8 = 2;
+    const FINISH: u8 = 3;
+    const READ: u8 = 2;
+    const DONE: u8 = 4;
+}
+
+/// Hung streams described on standard error, at most.
+const HUNG_REPORTS: u64 = 10;
 
 #[derive(Clone, Copy, Debug)]
 enum Fate {
@@ -48,6 +99,18 @@ impl Rng {
     }
 }
 
+/// The command line.
+struct Opts {
+    duration: Duration,
+    concurrency: u64,
+    plane: String,
+    summary: String,
+    /// `--faults`: the `velo-faults` binary that runs the proxy.
+    faults: Option<String>,
+    /// `--fault-kinds reset,cut,stall,proxy_restart` (default `all`).
+    fault_kinds: String,
+}
+
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -68,16 +131,21 @@ fn arg(name: &str, default: &str) -> String {
 }
 
 fn main() -> std::process::ExitCode {
-    let duration = Duration::from_secs_f64(arg("--duration", "30").parse().unwrap_or(30.0));
-    let concurrency: u64 = arg("--concurrency", "256").parse().unwrap_or(256);
-    let plane = arg("--plane", "velo");
-    let summary = arg("--summary", "");
+    let faults = std::env::args().any(|a| a == "--faults");
+    let opts = Opts {
+        duration: Duration::from_secs_f64(arg("--duration", "30").parse().unwrap_or(30.0)),
+        concurrency: arg("--concurrency", "256").parse().unwrap_or(256),
+        plane: arg("--plane", "velo"),
+        summary: arg("--summary", ""),
+        faults: faults.then(|| arg("--proxy-bin", "target/release/velo-faults")),
+        fault_kinds: arg("--fault-kinds", "all"),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a runtime");
-    let ok = rt.block_on(soak(duration, concurrency, &plane, &summary));
+    let ok = rt.block_on(soak(opts));
     if ok {
         std::process::ExitCode::SUCCESS
     } else {
@@ -85,37 +153,46 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn soak(duration: Duration, concurrency: u64, plane: &str, summary: &str) -> bool {
-    let plane = plane.to_owned();
-    let config = ServiceConfig::from_lookup(Roles::BOTH, |v| match v {
+async fn soak(opts: Opts) -> bool {
+    let plane = opts.plane.clone();
+    let mut config = ServiceConfig::from_lookup(Roles::BOTH, |v| match v {
         "DYN_RESPONSE_PLANE" => Some(plane.clone()),
         "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".into()),
         _ => None,
     })
     .expect("valid settings");
+    if opts.faults.is_some() {
+        config.plane = config
+            .plane
+            .to_builder()
+            .idle_timeout(faults::FAULT_IDLE)
+            .build()
+            .expect("a valid idle timeout");
+    }
     let service = ResponseService::start(config)
         .await
         .expect("the service starts");
     let counts = Arc::new(Counts::default());
-    let deadline = Instant::now() + duration;
-    let mut clients = Vec::new();
-    for c in 0..concurrency {
-        let (service, counts) = (service.clone(), counts.clone());
-        clients.push(tokio::spawn(async move {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (c + 1));
-            while Instant::now() < deadline {
-                let fate = match rng.below(20) {
-                    0 => Fate::Stop,
-                    1 => Fate::Kill,
-                    2 => Fate::DropReceiver,
-                    3 => Fate::DropSender,
-                    _ => Fate::Finish,
-                };
-                let items = 1 + rng.below(200);
-                one_stream(&service, &counts, fate, items).await;
+    let deadline = Instant::now() + opts.duration;
+    let faults = match &opts.faults {
+        None => None,
+        Some(bin) => {
+            let frontend = service
+                .frontend()
+                .map(response_plane::FrontendPlane::address);
+            let frontend = frontend.expect("the soak runs a frontend");
+            let started = faults::parse_kinds(&opts.fault_kinds)
+                .and_then(|kinds| Faults::start(bin, frontend, kinds, 0x5eed_fa17, deadline));
+            match started {
+                Ok(f) => Some(Arc::new(f)),
+                Err(e) => {
+                    eprintln!("soak: cannot start the fault proxy: {e}");
+                    return false;
+                }
             }
-        }));
-    }
+        }
+    };
+    let clients = spawn_clients(&service, &counts, faults.as_ref(), &opts, deadline);
     let flusher = {
         let service = service.clone();
         tokio::spawn(async move {
@@ -125,6 +202,103 @@ async fn soak(duration: Duration, concurrency: u64, plane: &str, summary: &str) 
             }
         })
     };
+    let samples = sample_rss(&counts, deadline).await;
+    for c in clients {
+        let _ = tokio::time::timeout(STREAM_DEADLINE, c).await;
+    }
+    flusher.abort();
+    let fault_counts = faults.as_deref().map(Faults::stop);
+    // Let the last ends and credits settle, then look for anything left behind.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    oracle::judge(&service, &counts, &samples, fault_counts, &opts).await
+}
+
+/// The closed-loop clients: each runs one stream after another until the deadline.
+fn spawn_clients(
+    service: &ResponseService,
+    counts: &Arc<Counts>,
+    faults: Option<&Arc<Faults>>,
+    opts: &Opts,
+    deadline: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..opts.concurrency)
+        .map(|c| {
+            let (service, counts) = (service.clone(), counts.clone());
+            let faults = faults.cloned();
+            tokio::spawn(async move {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (c + 1));
+                while Instant::now() < deadline {
+                    let fate = match rng.below(20) {
+                        0 => Fate::Stop,
+                        1 => Fate::Kill,
+                        2 => Fate::DropReceiver,
+                        3 => Fate::DropSender,
+                        _ => Fate::Finish,
+                    };
+                    let items = 1 + rng.below(200);
+                    // Only draw a route with faults, so the plain soak's sequence is unchanged.
+                    let proxied = faults.as_deref().filter(|_| rng.below(2) == 0);
+                    judged_stream(&service, &counts, fate, items, proxied).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// One stream, bounded in time, classified: a stream no fault touched must end as its fate
+/// says; a faulted one may end otherwise, but must end.
+async fn judged_stream(
+    service: &ResponseService,
+    counts: &Counts,
+    fate: Fate,
+    items: u64,
+    proxied: Option<&Faults>,
+) {
+    let started = Instant::now();
+    let progress = Progress::default();
+    let stream = one_stream(service, counts, fate, items, proxied, &progress);
+    let outcome = tokio::time::timeout(STREAM_DEADLINE, stream).await;
+    let bump = |c: &AtomicU64| {
+        c.fetch_add(1, Ordering::Relaxed);
+    };
+    let Ok(as_expected) = outcome else {
+        if counts.hung.fetch_add(1, Ordering::Relaxed) < HUNG_REPORTS {
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            eprintln!(
+                "soak: stream hung: {fate:?} of {items} items, {}, producer step {}{} after {} \
+                 sent, consumer step {} after {} seen",
+                if proxied.is_some() {
+                    "proxied"
+                } else {
+                    "direct"
+                },
+                progress.producer.load(Ordering::Relaxed),
+                if progress.producer_failed.load(Ordering::Relaxed) {
+                    " (failed)"
+                } else {
+                    ""
+                },
+                get(&progress.sent),
+                progress.consumer.load(Ordering::Relaxed),
+                get(&progress.seen),
+            );
+        }
+        return;
+    };
+    match proxied {
+        Some(f) if f.overlaps(started, Instant::now()) => {
+            bump(&counts.faulted);
+            if !as_expected {
+                bump(&counts.faulted_disrupted);
+            }
+        }
+        _ if !as_expected => bump(&counts.unexpected),
+        _ => {}
+    }
+}
+
+/// Samples RSS once a second until the deadline.
+async fn sample_rss(counts: &Counts, deadline: Instant) -> Vec<(f64, u64)> {
     let mut samples = Vec::new();
     let start = Instant::now();
     while Instant::now() < deadline {
@@ -140,115 +314,57 @@ async fn soak(duration: Duration, concurrency: u64, plane: &str, summary: &str) 
             rss_kib()
         );
     }
-    for c in clients {
-        let _ = tokio::time::timeout(Duration::from_secs(30), c).await;
-    }
-    flusher.abort();
-    // Let the last ends and credits settle, then look for anything left behind.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let pending = service
-        .frontend()
-        .map_or(0, response_plane::FrontendPlane::pending);
-    let fstats = service
-        .frontend()
-        .map(response_plane::FrontendPlane::stats)
-        .unwrap_or_default();
-    let report = service.shutdown().await;
-    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let started = get(&counts.started);
-    let ended = get(&counts.clean)
-        + get(&counts.stopped_quietly)
-        + get(&counts.killed)
-        + get(&counts.receiver_dropped)
-        + get(&counts.sender_dropped_seen);
-    // RSS after the first tenth of the run (warm) against the end: growth means a leak.
-    let warm = samples.get(samples.len() / 10).map_or(0, |s| s.1);
-    let last = samples.last().map_or(0, |s| s.1);
-    let growth = if warm > 0 {
-        last as f64 / warm as f64
-    } else {
-        1.0
-    };
-    let mut failures = Vec::new();
-    if ended != started {
-        failures.push(format!("{started} streams started but {ended} ended"));
-    }
-    if get(&counts.unexpected) > 0 {
-        failures.push(format!(
-            "{} streams ended in an unexpected way",
-            get(&counts.unexpected)
-        ));
-    }
-    if pending != 0 {
-        failures.push(format!("{pending} registrations left pending"));
-    }
-    if fstats.streams_active() != 0 {
-        failures.push(format!(
-            "{} transport streams still active",
-            fstats.streams_active()
-        ));
-    }
-    if growth > 1.5 {
-        failures.push(format!(
-            "RSS grew {growth:.2}x after warm-up ({warm} -> {last} KiB)"
-        ));
-    }
-    if report.outcome() != "clean" {
-        failures.push(format!("shutdown was {}", report.outcome()));
-    }
-    let doc = serde_json::json!({
-        "duration_s": duration.as_secs_f64(), "concurrency": concurrency, "plane": plane,
-        "streams": started, "clean": get(&counts.clean), "stopped_quietly": get(&counts.stopped_quietly),
-        "killed": get(&counts.killed), "receiver_dropped": get(&counts.receiver_dropped),
-        "sender_dropped": get(&counts.sender_dropped_seen), "unexpected": get(&counts.unexpected),
-        "pending_left": pending, "rss_warm_kib": warm, "rss_end_kib": last, "rss_growth": growth,
-        "rss_samples": samples, "shutdown": report.outcome(), "failures": failures,
-    });
-    println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-    if !summary.is_empty() {
-        let _ = std::fs::write(
-            summary,
-            serde_json::to_string_pretty(&doc).unwrap_or_default(),
-        );
-    }
-    failures.is_empty()
+    samples
 }
 
-/// One stream with a chosen fate; counts how it ended, and whether that is what the fate
-/// implies (the oracle).
-async fn one_stream(service: &ResponseService, counts: &Counts, fate: Fate, items: u64) {
+/// One stream with a chosen fate (through the fault proxy when `proxied`); counts how it
+/// ended, and returns whether that is what the fate implies (the oracle).
+async fn one_stream(
+    service: &ResponseService,
+    counts: &Counts,
+    fate: Fate,
+    items: u64,
+    proxied: Option<&Faults>,
+    progress: &Progress,
+) -> bool {
     counts.started.fetch_add(1, Ordering::Relaxed);
-    let bump = |c: &AtomicU64| {
-        c.fetch_add(1, Ordering::Relaxed);
-    };
+    let step = |side: &std::sync::atomic::AtomicU8, s: u8| side.store(s, Ordering::Relaxed);
     let Ok((info, pending)) = service.register::<u64>(RegisterOptions::default()) else {
-        bump(&counts.unexpected);
-        return;
+        return false;
     };
+    let info = match proxied {
+        Some(f) => f.via_proxy(&info),
+        None => info,
+    };
+    // The worker's failure reaches the frontend the way a request's failure would (the
+    // request plane): a frontend still waiting for the prologue then drops the registration.
+    let (failed_tx, failed) = tokio::sync::oneshot::channel::<()>();
     let producer = {
         let service = service.clone();
         async move {
-            let mut tx = service.connect::<u64>(&info).await?;
-            tx.send_prologue(Ok(())).await?;
-            let ctx = tx.context();
-            for i in 0..items {
-                if ctx.is_stopped() {
-                    break;
-                }
-                if matches!(fate, Fate::DropSender) && i == items / 2 {
-                    return Ok::<_, ResponseError>(()); // dropped without finishing
-                }
-                tx.send(&i).await?;
+            let sent = produce(&service, &info, fate, items, progress).await;
+            if sent.is_err() {
+                progress.producer_failed.store(true, Ordering::Relaxed);
+                let _ = failed_tx.send(());
+            } else {
+                step(&progress.producer, Step::DONE);
             }
-            tx.finish().await
+            sent
         }
     };
     let consumer = async {
-        let Ok(mut rx) = pending.established().await else {
+        // Cancel safety: dropping `established` drops the registration, as intended.
+        let established = tokio::select! {
+            r = pending.established() => r,
+            Ok(()) = failed => return false,
+        };
+        let Ok(mut rx) = established else {
             return false;
         };
+        step(&progress.consumer, Step::READ);
         let mut seen = 0u64;
         loop {
+            progress.seen.store(seen, Ordering::Relaxed);
             if seen == items / 3 {
                 match fate {
                     Fate::Stop => rx.stop(),
@@ -271,19 +387,55 @@ async fn one_stream(service: &ResponseService, counts: &Counts, fate: Fate, item
             }
         }
     };
+    let consumer = async {
+        let r = consumer.await;
+        step(&progress.consumer, Step::DONE);
+        r
+    };
     let (sent, received_as_expected) = tokio::join!(producer, consumer);
     let expected_send = match fate {
         Fate::Finish | Fate::DropSender => sent.is_ok(),
         _ => true, // stopped or killed producers may see a cancellation
     };
-    if !(received_as_expected && expected_send) {
-        bump(&counts.unexpected);
+    counts_end(counts, fate);
+    received_as_expected && expected_send
+}
+
+/// The worker's side of one stream: connect, prologue, items, finish (or a drop).
+async fn produce(
+    service: &ResponseService,
+    info: &response_plane::ConnectionInfo,
+    fate: Fate,
+    items: u64,
+    progress: &Progress,
+) -> Result<(), ResponseError> {
+    let step = |s: u8| progress.producer.store(s, Ordering::Relaxed);
+    let mut tx = service.connect::<u64>(info).await?;
+    step(Step::PROLOGUE);
+    tx.send_prologue(Ok(())).await?;
+    step(Step::SEND);
+    let ctx = tx.context();
+    for i in 0..items {
+        if ctx.is_stopped() {
+            break;
+        }
+        if matches!(fate, Fate::DropSender) && i == items / 2 {
+            return Ok(()); // dropped without finishing
+        }
+        tx.send(&i).await?;
+        progress.sent.store(i + 1, Ordering::Relaxed);
     }
-    bump(match fate {
+    step(Step::FINISH);
+    tx.finish().await
+}
+
+fn counts_end(counts: &Counts, fate: Fate) {
+    let c = match fate {
         Fate::Finish => &counts.clean,
         Fate::Stop => &counts.stopped_quietly,
         Fate::Kill => &counts.killed,
         Fate::DropReceiver => &counts.receiver_dropped,
         Fate::DropSender => &counts.sender_dropped_seen,
-    });
+    };
+    c.fetch_add(1, Ordering::Relaxed);
 }
