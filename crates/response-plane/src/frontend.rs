@@ -305,7 +305,8 @@ impl<T: DeserializeOwned> PendingResponse<T> {
         if r.is_ok() {
             self.plane.established.fetch_add(1, Ordering::Relaxed);
             self.plane.streams.set_up(self.registered_at.elapsed());
-        } else {
+        } else if r.as_ref().err() != Some(&ResponseError::Closed) {
+            // Shutdown is not the stream's failure.
             self.plane.failed.fetch_add(1, Ordering::Relaxed);
         }
         r

@@ -40,7 +40,8 @@ plane_counters! {
     streams_registered,
     /// Streams whose prologue was delivered (frontend) or that were set up (worker).
     streams_established,
-    /// Streams that failed before their prologue: the `response_stream` errors.
+    /// Streams that failed before their prologue (frontend; shutdown aside) or whose connect
+    /// failed (worker).
     stream_setup_failures,
     /// Frontend: arriving streams the registry refused (unknown ticket, bad token, a pending
     /// handle already dropped), on either plane.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use response_plane::{RegisterOptions, ResponseError};
-use runtime_glue::{ResponseService, Roles, ServiceConfig};
+use runtime_glue::{ResponseService, Role, ServiceConfig};
 
 use crate::faults::Faults;
 
@@ -155,19 +155,24 @@ fn main() -> std::process::ExitCode {
 
 async fn soak(opts: Opts) -> bool {
     let plane = opts.plane.clone();
-    let mut config = ServiceConfig::from_lookup(Roles::BOTH, |v| match v {
+    let mut config = ServiceConfig::from_lookup(Role::Both, |v| match v {
         "DYN_RESPONSE_PLANE" => Some(plane.clone()),
         "DYN_TCP_RESPONSE_STREAM_HOST" => Some("127.0.0.1".into()),
         _ => None,
     })
     .expect("valid settings");
     if opts.faults.is_some() {
-        config.plane = config
-            .plane
+        let plane = config
+            .response_plane()
             .to_builder()
             .idle_timeout(faults::FAULT_IDLE)
             .build()
             .expect("a valid idle timeout");
+        config = config
+            .to_builder()
+            .response_plane(plane)
+            .build()
+            .expect("valid settings");
     }
     let service = ResponseService::start(config)
         .await

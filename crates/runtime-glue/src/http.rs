@@ -139,6 +139,7 @@ mod tests {
     use tokio::net::TcpStream;
 
     use super::*;
+    use crate::metrics::Telemetry;
 
     const BOUND: Duration = Duration::from_secs(30);
 
@@ -182,7 +183,7 @@ mod tests {
         let limits = Limits::new(CAP, Duration::from_millis(300));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let metrics = Arc::new(Metrics::new(None, None, Arc::default()).unwrap());
+        let metrics = Arc::new(Metrics::new(Telemetry::new().unwrap(), None, None));
         let (tracker, stop) = (TaskTracker::new(), CancellationToken::new());
         // The accept loop runs apart: `tracker` holds the connection tasks only.
         let server = serve_with(listener, metrics, tracker.clone(), stop.clone(), limits);

@@ -20,10 +20,10 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), runtime_glue::StartupError> {
-//! use runtime_glue::{ResponseService, Roles, ServiceConfig};
+//! use runtime_glue::{ResponseService, Role, ServiceConfig};
 //!
 //! // At startup, before any endpoint registers: a bad setting or a broken transport fails here.
-//! let service = ResponseService::start(ServiceConfig::from_env(Roles::WORKER)?).await?;
+//! let service = ResponseService::start(ServiceConfig::from_env(Role::Worker)?).await?;
 //! // ... serve requests with service.connect(&info) ...
 //! let report = service.shutdown().await;
 //! println!("shutdown: {}", report.outcome());
@@ -41,29 +41,20 @@ use std::sync::Arc;
 
 pub use config::{
     DEFAULT_GRACE, DEFAULT_TEARDOWN_TIMEOUT, ENV_GRACE_MS, ENV_METRICS_ADDR, ENV_TEARDOWN_MS,
-    Roles, ServiceArgs, ServiceConfig,
+    MAX_SHUTDOWN_WAIT, Role, ServiceArgs, ServiceConfig, ServiceConfigBuilder,
 };
 pub use metrics::SETUP_SECONDS_BOUNDARIES;
-pub use service::{ResponseService, ServicePending, ServiceSender, ServiceStream};
+pub use service::ResponseService;
 pub use shutdown::{ShutdownReport, TeardownOutcome};
 
 /// Why the service could not start. Each variant names its cause.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartupError {
-    /// A response-plane setting is invalid (including `ucx` in a build without it).
+    /// A setting is invalid, the plane's or the runtime's own (including `ucx` in a build
+    /// without it).
     #[error(transparent)]
     Config(#[from] response_plane::ConfigError),
-    /// One of the runtime's own settings is invalid.
-    #[error("invalid {var}={value:?}: {allowed}")]
-    InvalidEnv {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What is allowed.
-        allowed: &'static str,
-    },
     /// The plane could not start: listener bind failure, transport missing from this build,
     /// transport initialisation failure.
     #[error(transparent)]
@@ -78,6 +69,6 @@ pub enum StartupError {
         source: Arc<std::io::Error>,
     },
     /// The telemetry pipeline could not be built.
-    #[error("cannot set up metrics: {0}")]
-    Telemetry(String),
+    #[error("cannot set up metrics")]
+    Telemetry(#[source] Arc<opentelemetry_sdk::error::OTelSdkError>),
 }

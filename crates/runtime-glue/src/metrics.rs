@@ -7,15 +7,15 @@
 //! stats structs; they are read by observable instruments at scrape time, so the hot path
 //! pays nothing for metrics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use response_plane::{
-    BATCH_RECORDS_BUCKETS, FlushReason, FrontendPlane, HandshakeStats, MuxStats, PlaneStats,
-    WorkerPlane,
+    BATCH_RECORDS_BUCKETS, FlushReason, FrontendPlane, HandshakeStats, MuxStats, PlaneObserver,
+    PlaneStats, WorkerPlane,
 };
 
 /// Histogram boundaries for stream setup, in seconds: 100 us to 10 s.
@@ -24,30 +24,57 @@ pub const SETUP_SECONDS_BOUNDARIES: [f64; 16] = [
     5.0, 10.0,
 ];
 
-/// Streams in flight per side, shared with the service's stream handles.
-#[derive(Debug, Default)]
-pub(crate) struct Active {
-    pub(crate) frontend: AtomicU64,
-    pub(crate) worker: AtomicU64,
-    pub(crate) zero: tokio::sync::Notify,
+/// The telemetry pipeline, built before the planes so their observers can record into it.
+pub(crate) struct Telemetry {
+    registry: prometheus::Registry,
+    provider: SdkMeterProvider,
+    meter: Meter,
+    setup: Histogram<f64>,
 }
 
-impl Active {
-    pub(crate) fn total(&self) -> u64 {
-        self.frontend.load(Ordering::Acquire) + self.worker.load(Ordering::Acquire)
+impl Telemetry {
+    pub(crate) fn new() -> Result<Self, crate::StartupError> {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_target_info()
+            .scope_info_enabled(false)
+            .build()
+            .map_err(|e| crate::StartupError::Telemetry(Arc::new(e)))?;
+        let provider = SdkMeterProvider::builder().with_reader(exporter).build();
+        let meter = provider.meter("velo-response-plane");
+        let setup = meter
+            .f64_histogram("velo_response_stream_setup")
+            .with_unit("s")
+            .with_description("Time to set a response stream up: register to prologue (frontend), connect (worker)")
+            .with_boundaries(SETUP_SECONDS_BOUNDARIES.to_vec())
+            .build();
+        Ok(Self {
+            registry,
+            provider,
+            meter,
+            setup,
+        })
     }
 
-    /// Resolves once no stream is in flight.
-    pub(crate) async fn wait_zero(&self) {
-        loop {
-            let notified = self.zero.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.total() == 0 {
-                return;
-            }
-            notified.await;
-        }
+    /// What a plane on `side` tells of its streams' setup times.
+    pub(crate) fn setup_observer(&self, side: &'static str) -> Arc<dyn PlaneObserver> {
+        Arc::new(SetupTimes {
+            histogram: self.setup.clone(),
+            side: [KeyValue::new("side", side)],
+        })
+    }
+}
+
+/// Records setup times into the histogram, labelled with the plane's side.
+struct SetupTimes {
+    histogram: Histogram<f64>,
+    side: [KeyValue; 1],
+}
+
+impl PlaneObserver for SetupTimes {
+    fn stream_set_up(&self, elapsed: Duration) {
+        self.histogram.record(elapsed.as_secs_f64(), &self.side);
     }
 }
 
@@ -55,8 +82,6 @@ impl Active {
 pub(crate) struct Metrics {
     registry: prometheus::Registry,
     _provider: SdkMeterProvider,
-    errors: Counter<u64>,
-    setup: Histogram<f64>,
     batch_records: Histogram<u64>,
     shutdowns: Counter<u64>,
     /// Batch histogram buckets already replayed into `batch_records`, per side.
@@ -65,38 +90,21 @@ pub(crate) struct Metrics {
     worker: Option<WorkerPlane>,
 }
 
-const FRONTEND: &str = "frontend";
-const WORKER: &str = "worker";
+pub(crate) const FRONTEND: &str = "frontend";
+pub(crate) const WORKER: &str = "worker";
 
 impl Metrics {
     pub(crate) fn new(
+        telemetry: Telemetry,
         frontend: Option<FrontendPlane>,
         worker: Option<WorkerPlane>,
-        active: Arc<Active>,
-    ) -> Result<Self, crate::StartupError> {
-        let registry = prometheus::Registry::new();
-        let exporter = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            .without_target_info()
-            .scope_info_enabled(false)
-            .build()
-            .map_err(|e| crate::StartupError::Telemetry(e.to_string()))?;
-        let provider = SdkMeterProvider::builder().with_reader(exporter).build();
-        let meter = provider.meter("velo-response-plane");
-        let errors = meter
-            .u64_counter("dynamo_component_errors")
-            .with_description(
-                "Errors by type; response_stream counts response stream failures, setup included",
-            )
-            .build();
-        // Zero-valued series exist from the start, so dashboards and alerts see them.
-        errors.add(0, &[KeyValue::new("error_type", "response_stream")]);
-        let setup = meter
-            .f64_histogram("velo_response_stream_setup")
-            .with_unit("s")
-            .with_description("Time to set a response stream up: register to prologue (frontend), connect (worker)")
-            .with_boundaries(SETUP_SECONDS_BOUNDARIES.to_vec())
-            .build();
+    ) -> Self {
+        let Telemetry {
+            registry,
+            provider,
+            meter,
+            setup: _,
+        } = telemetry;
         let batch_records = meter
             .u64_histogram("velo_response_batch_records")
             .with_description("Records per batch written")
@@ -115,29 +123,16 @@ impl Metrics {
             frontend: frontend.clone(),
             worker: worker.clone(),
         };
-        register_observables(&meter, &sides, active);
-        Ok(Self {
+        register_observables(&meter, &sides);
+        Self {
             registry,
             _provider: provider,
-            errors,
-            setup,
             batch_records,
             shutdowns,
             replayed: Mutex::new([[0; 12]; 2]),
             frontend,
             worker,
-        })
-    }
-
-    /// Counts one response stream failure.
-    pub(crate) fn stream_error(&self) {
-        self.errors
-            .add(1, &[KeyValue::new("error_type", "response_stream")]);
-    }
-
-    /// Records a stream's setup time.
-    pub(crate) fn setup_time(&self, side: &'static str, seconds: f64) {
-        self.setup.record(seconds, &[KeyValue::new("side", side)]);
+        }
     }
 
     /// Counts a shutdown.
@@ -296,7 +291,7 @@ fn observe_family(
         .build();
 }
 
-fn register_observables(meter: &Meter, sides: &Sides, active: Arc<Active>) {
+fn register_observables(meter: &Meter, sides: &Sides) {
     for (name, help, read) in counters() {
         observe_counter(meter, sides, name, help, read);
     }
@@ -333,11 +328,26 @@ fn register_observables(meter: &Meter, sides: &Sides, active: Arc<Active>) {
         "reason",
     );
     observe_family(meter, sides, family, flushes);
-    register_gauges(meter, sides, active);
+    register_gauges(meter, sides);
 }
 
-/// Gauges, and the one counter Dynamo names without a side.
-fn register_gauges(meter: &Meter, sides: &Sides, active: Arc<Active>) {
+/// Gauges, and the counters Dynamo names without a side.
+fn register_gauges(meter: &Meter, sides: &Sides) {
+    let both = sides.clone();
+    meter
+        .u64_observable_counter("dynamo_component_errors")
+        .with_description(
+            "Errors by type; response_stream counts response stream failures, setup included",
+        )
+        .with_callback(move |obs| {
+            let n: u64 = both
+                .each()
+                .iter()
+                .map(|(_, s)| s.stream_setup_failures + s.stream_errors)
+                .sum();
+            obs.observe(n, &[KeyValue::new("error_type", "response_stream")]);
+        })
+        .build();
     let worker_only = sides.worker.clone();
     meter
         .u64_observable_counter("dynamo_component_cancellation")
@@ -362,18 +372,14 @@ fn register_gauges(meter: &Meter, sides: &Sides, active: Arc<Active>) {
             }
         })
         .build();
+    let active = sides.clone();
     meter
         .u64_observable_gauge("velo_response_streams_active")
         .with_description("Response streams in flight through this service")
         .with_callback(move |obs| {
-            obs.observe(
-                active.frontend.load(Ordering::Relaxed),
-                &[KeyValue::new("side", FRONTEND)],
-            );
-            obs.observe(
-                active.worker.load(Ordering::Relaxed),
-                &[KeyValue::new("side", WORKER)],
-            );
+            for (side, s) in active.each() {
+                obs.observe(s.streams_in_flight, &[KeyValue::new("side", side)]);
+            }
         })
         .build();
 }

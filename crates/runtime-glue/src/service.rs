@@ -1,24 +1,20 @@
 //! The response-plane service: one per process, shared by every runtime and endpoint in it.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::Stream;
 use response_plane::{
     ConnectionInfo, FrontendPlane, PendingResponse, RegisterOptions, ResponseError, ResponseSender,
-    ResponseStream, StreamContext, TypedError, WorkerPlane,
+    WorkerPlane,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::metrics::{Active, Metrics};
+use crate::metrics::{Metrics, Telemetry};
 use crate::shutdown::{self, ShutdownPlan, ShutdownReport};
 use crate::{ServiceConfig, StartupError};
 
@@ -39,7 +35,6 @@ struct Inner {
     worker: Option<WorkerPlane>,
     tracker: TaskTracker,
     metrics: Arc<Metrics>,
-    active: Arc<Active>,
     accepting: AtomicBool,
     metrics_addr: Option<SocketAddr>,
     metrics_stop: CancellationToken,
@@ -54,28 +49,37 @@ impl ResponseService {
     /// [`StartupError`] naming the cause.
     pub async fn start(config: ServiceConfig) -> Result<Self, StartupError> {
         let tracker = TaskTracker::new();
-        let span = tracing::info_span!("response_plane.start", plane = config.plane.plane().name());
+        let plane = config.response_plane();
+        let telemetry = Telemetry::new()?;
+        let span = tracing::info_span!("response_plane.start", plane = plane.plane().name());
         let (frontend, worker) = async {
-            let frontend = match config.roles.frontend {
-                true => Some(FrontendPlane::bind(config.plane.clone(), tracker.clone()).await?),
+            let role = config.role();
+            let frontend = match role.frontend() {
+                true => Some(
+                    FrontendPlane::bind_observed(
+                        plane.clone(),
+                        tracker.clone(),
+                        Some(telemetry.setup_observer(crate::metrics::FRONTEND)),
+                    )
+                    .await?,
+                ),
                 false => None,
             };
-            let worker = match config.roles.worker {
-                true => Some(WorkerPlane::new(config.plane.clone(), tracker.clone())?),
+            let worker = match role.worker() {
+                true => Some(WorkerPlane::new_observed(
+                    plane.clone(),
+                    tracker.clone(),
+                    Some(telemetry.setup_observer(crate::metrics::WORKER)),
+                )?),
                 false => None,
             };
             Ok::<_, StartupError>((frontend, worker))
         }
         .instrument(span)
         .await?;
-        let active = Arc::new(Active::default());
-        let metrics = Arc::new(Metrics::new(
-            frontend.clone(),
-            worker.clone(),
-            active.clone(),
-        )?);
+        let metrics = Arc::new(Metrics::new(telemetry, frontend.clone(), worker.clone()));
         let (metrics_stop, metrics_tracker) = (CancellationToken::new(), TaskTracker::new());
-        let metrics_addr = match config.metrics_addr {
+        let metrics_addr = match config.metrics_addr() {
             None => None,
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -100,9 +104,8 @@ impl ResponseService {
             }
         };
         tracing::info!(
-            plane = config.plane.plane().name(),
-            frontend = config.roles.frontend,
-            worker = config.roles.worker,
+            plane = config.response_plane().plane().name(),
+            role = ?config.role(),
             metrics = ?metrics_addr,
             "response plane started"
         );
@@ -113,7 +116,6 @@ impl ResponseService {
                 worker,
                 tracker,
                 metrics,
-                active,
                 accepting: AtomicBool::new(true),
                 metrics_addr,
                 metrics_stop,
@@ -147,7 +149,8 @@ impl ResponseService {
         self.inner.metrics.render()
     }
 
-    /// Frontend: registers a response stream (see [`FrontendPlane::register`]).
+    /// Frontend: registers a response stream (see [`FrontendPlane::register`]). The plane
+    /// counts its setup time, failures and time in flight for the metrics and the shutdown.
     ///
     /// # Errors
     ///
@@ -155,22 +158,13 @@ impl ResponseService {
     pub fn register<T: DeserializeOwned>(
         &self,
         opts: RegisterOptions,
-    ) -> Result<(ConnectionInfo, ServicePending<T>), ResponseError> {
-        let frontend = self
-            .inner
+    ) -> Result<(ConnectionInfo, PendingResponse<T>), ResponseError> {
+        self.inner
             .frontend
             .as_ref()
             .filter(|_| self.accepting())
-            .ok_or(ResponseError::Closed)?;
-        let (info, pending) = frontend.register(opts)?;
-        Ok((
-            info,
-            ServicePending {
-                pending,
-                service: self.inner.clone(),
-                started: Instant::now(),
-            },
-        ))
+            .ok_or(ResponseError::Closed)?
+            .register(opts)
     }
 
     /// Frontend: ends every pending stream of a worker instance that left discovery.
@@ -181,8 +175,8 @@ impl ResponseService {
             .map_or(0, |f| f.cancel_instance_streams(worker_instance))
     }
 
-    /// Worker: prepares the response stream addressed by `info` (see [`WorkerPlane::connect`]).
-    /// A failure here counts as a `response_stream` error.
+    /// Worker: prepares the response stream addressed by `info` (see
+    /// [`WorkerPlane::connect`]). A failure here counts as a `response_stream` error.
     ///
     /// # Errors
     ///
@@ -190,33 +184,19 @@ impl ResponseService {
     pub async fn connect<T: Serialize>(
         &self,
         info: &ConnectionInfo,
-    ) -> Result<ServiceSender<T>, ResponseError> {
+    ) -> Result<ResponseSender<T>, ResponseError> {
         let worker = self
             .inner
             .worker
             .as_ref()
             .filter(|_| self.accepting())
             .ok_or(ResponseError::Closed)?;
-        let started = Instant::now();
         let span = tracing::debug_span!("response_stream.setup", side = "worker", transport = %info.transport);
-        match worker.connect::<T>(info).instrument(span).await {
-            Ok(sender) => {
-                self.inner
-                    .metrics
-                    .setup_time("worker", started.elapsed().as_secs_f64());
-                let guard = ActiveGuard::new(&self.inner.active, Side::Worker);
-                Ok(ServiceSender {
-                    sender: Some(sender),
-                    service: self.inner.clone(),
-                    _guard: guard,
-                })
-            }
-            Err(e) => {
-                self.inner.metrics.stream_error();
-                tracing::debug!(error = %e, "response stream setup failed");
-                Err(e)
-            }
+        let r = worker.connect::<T>(info).instrument(span).await;
+        if let Err(e) = &r {
+            tracing::debug!(error = %e, "response stream setup failed");
         }
+        r
     }
 
     /// Worker: the once-per-forward-pass flush hint.
@@ -241,12 +221,19 @@ impl ResponseService {
             })
         };
         let drained = {
-            let active = inner.active.clone();
-            Box::pin(async move { active.wait_zero().await })
+            let (frontend, worker) = (inner.frontend.clone(), inner.worker.clone());
+            Box::pin(async move {
+                if let Some(f) = &frontend {
+                    f.drained().await;
+                }
+                if let Some(w) = &worker {
+                    w.drained().await;
+                }
+            })
         };
         let still_open = {
-            let active = inner.active.clone();
-            Box::new(move || active.total())
+            let inner = inner.clone();
+            Box::new(move || inner.streams_in_flight())
         };
         let mut teardown: Vec<(&'static str, shutdown::Step)> = Vec::new();
         if let Some(f) = inner.frontend.clone() {
@@ -277,10 +264,10 @@ impl ResponseService {
         let plan = ShutdownPlan {
             stop_accepting: stop,
             drained,
-            grace: inner.config.grace,
+            grace: inner.config.grace(),
             still_open,
             teardown,
-            teardown_timeout: inner.config.teardown_timeout,
+            teardown_timeout: inner.config.teardown_timeout(),
             abort,
         };
         let report = shutdown::run(plan).await;
@@ -291,6 +278,11 @@ impl ResponseService {
         report
     }
 
+    /// Streams handed out on either side and not yet ended or dropped.
+    pub fn streams_in_flight(&self) -> u64 {
+        self.inner.streams_in_flight()
+    }
+
     fn accepting(&self) -> bool {
         self.inner.accepting.load(Ordering::Acquire)
     }
@@ -299,240 +291,23 @@ impl ResponseService {
 impl std::fmt::Debug for ResponseService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseService")
-            .field("plane", &self.inner.config.plane.plane())
-            .field("roles", &self.inner.config.roles)
+            .field("plane", &self.inner.config.response_plane().plane())
+            .field("role", &self.inner.config.role())
             .field("metrics", &self.inner.metrics_addr)
             .finish()
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Side {
-    Frontend,
-    Worker,
-}
-
-/// Counts a stream in flight for as long as its handle lives.
-struct ActiveGuard {
-    active: Arc<Active>,
-    side: Side,
-}
-
-impl ActiveGuard {
-    fn new(active: &Arc<Active>, side: Side) -> Self {
-        Self::counter(active, side).fetch_add(1, Ordering::AcqRel);
-        Self {
-            active: active.clone(),
-            side,
-        }
-    }
-
-    fn counter(active: &Active, side: Side) -> &AtomicU64 {
-        match side {
-            Side::Frontend => &active.frontend,
-            Side::Worker => &active.worker,
-        }
-    }
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        Self::counter(&self.active, self.side).fetch_sub(1, Ordering::AcqRel);
-        if self.active.total() == 0 {
-            self.active.zero.notify_waiters();
-        }
-    }
-}
-
-/// A registered stream waiting for its prologue; see [`PendingResponse`].
-pub struct ServicePending<T> {
-    pending: PendingResponse<T>,
-    service: Arc<Inner>,
-    started: Instant,
-}
-
-impl<T: DeserializeOwned> ServicePending<T> {
-    /// See [`PendingResponse::associate`].
-    ///
-    /// # Errors
-    ///
-    /// `Disconnected` if the instance was removed in the last 5 s.
-    pub fn associate(&self, worker_instance: u64) -> Result<(), ResponseError> {
-        self.pending.associate(worker_instance)
-    }
-
-    /// Waits for the prologue; a failure counts as a `response_stream` error.
-    ///
-    /// # Errors
-    ///
-    /// See [`PendingResponse::established`].
-    pub async fn established(self) -> Result<ServiceStream<T>, ResponseError> {
-        let Self {
-            pending,
-            service,
-            started,
-        } = self;
-        let span = tracing::debug_span!("response_stream.setup", side = "frontend");
-        match pending.established().instrument(span).await {
-            Ok(stream) => {
-                service
-                    .metrics
-                    .setup_time("frontend", started.elapsed().as_secs_f64());
-                let guard = ActiveGuard::new(&service.active, Side::Frontend);
-                Ok(ServiceStream {
-                    stream,
-                    service,
-                    guard: Some(guard),
-                })
-            }
-            Err(e) => {
-                if e != ResponseError::Closed {
-                    service.metrics.stream_error();
-                }
-                Err(e)
-            }
-        }
-    }
-}
-
-/// A response stream read through the service; failures are counted. Dereferences to the
-/// [`ResponseStream`] for `stop` and `kill`.
-pub struct ServiceStream<T> {
-    stream: ResponseStream<T>,
-    service: Arc<Inner>,
-    /// Counts the stream as open until it has ended (or is dropped): a finished stream the
-    /// application still holds does not keep shutdown's drain waiting.
-    guard: Option<ActiveGuard>,
-}
-
-impl<T> std::ops::Deref for ServiceStream<T> {
-    type Target = ResponseStream<T>;
-    fn deref(&self) -> &Self::Target {
-        &self.stream
-    }
-}
-
-impl<T> std::ops::DerefMut for ServiceStream<T> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.stream
-    }
-}
-
-impl<T: DeserializeOwned> Stream for ServiceStream<T> {
-    type Item = Result<T, ResponseError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        // Every field is `Unpin`.
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.stream).poll_next(cx);
-        match &r {
-            Poll::Ready(Some(Err(e))) => {
-                if !e.is_cancelled() {
-                    this.service.metrics.stream_error();
-                }
-                this.guard = None;
-            }
-            Poll::Ready(None) => this.guard = None,
-            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
-        }
-        r
-    }
-}
-
-/// A response stream written through the service; failures other than cancellation are
-/// counted. Dropping it without [`finish`](Self::finish) ends the stream abnormally.
-pub struct ServiceSender<T> {
-    sender: Option<ResponseSender<T>>,
-    service: Arc<Inner>,
-    _guard: ActiveGuard,
-}
-
-impl<T: Serialize> ServiceSender<T> {
-    /// See [`ResponseSender::send_prologue`].
-    ///
-    /// # Errors
-    ///
-    /// As there.
-    pub async fn send_prologue(
-        &mut self,
-        result: Result<(), TypedError>,
-    ) -> Result<(), ResponseError> {
-        let r = self.inner()?.send_prologue(result).await;
-        self.count(r)
-    }
-
-    /// See [`ResponseSender::send`].
-    ///
-    /// # Errors
-    ///
-    /// As there.
-    pub async fn send(&mut self, item: &T) -> Result<(), ResponseError> {
-        let r = self.inner()?.send(item).await;
-        self.count(r)
-    }
-
-    /// See [`ResponseSender::finish`].
-    ///
-    /// # Errors
-    ///
-    /// As there.
-    pub async fn finish(mut self) -> Result<(), ResponseError> {
-        let sender = self
-            .sender
-            .take()
-            .ok_or(ResponseError::Prologue("the stream has ended"))?;
-        let r = sender.finish().await;
-        self.count(r)
-    }
-
-    /// The stream's stop and kill signals.
-    ///
-    /// # Panics
-    ///
-    /// Never: the sender is only taken by `finish`, which consumes `self`.
-    pub fn context(&self) -> StreamContext {
-        self.sender
+impl Inner {
+    fn streams_in_flight(&self) -> u64 {
+        let f = self
+            .frontend
             .as_ref()
-            .expect("present until finish")
-            .context()
-    }
-
-    fn inner(&mut self) -> Result<&mut ResponseSender<T>, ResponseError> {
-        self.sender
-            .as_mut()
-            .ok_or(ResponseError::Prologue("the stream has ended"))
-    }
-
-    fn count(&self, r: Result<(), ResponseError>) -> Result<(), ResponseError> {
-        if let Err(e) = &r
-            && !e.is_cancelled()
-        {
-            self.service.metrics.stream_error();
-        }
-        r
-    }
-}
-
-impl<T> std::fmt::Debug for ServicePending<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServicePending")
-            .field("pending", &self.pending)
-            .finish()
-    }
-}
-
-impl<T> std::fmt::Debug for ServiceStream<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceStream")
-            .field("stream", &self.stream)
-            .finish()
-    }
-}
-
-impl<T> std::fmt::Debug for ServiceSender<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceSender")
-            .field("sender", &self.sender)
-            .finish()
+            .map_or(0, |f| f.stats().streams_in_flight);
+        let w = self
+            .worker
+            .as_ref()
+            .map_or(0, |w| w.stats().streams_in_flight);
+        f + w
     }
 }

@@ -4,14 +4,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use response_plane::Plane;
-use runtime_glue::{ResponseService, Roles, ServiceArgs, ServiceConfig, StartupError};
+use runtime_glue::{ResponseService, Role, ServiceArgs, ServiceConfig, StartupError};
 
 fn parse(vars: &[(&str, &str)]) -> Result<ServiceConfig, StartupError> {
     let map: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-    ServiceConfig::from_lookup(Roles::BOTH, |k| map.get(k).cloned())
+    Ok(ServiceConfig::from_lookup(Role::Both, |k| {
+        map.get(k).cloned()
+    })?)
 }
 
 #[test]
@@ -48,17 +50,17 @@ fn every_invalid_value_fails_startup_with_its_message() {
 #[test]
 fn defaults_and_valid_values() {
     let c = parse(&[]).unwrap();
-    assert_eq!(c.plane.plane(), Plane::Classic);
-    assert_eq!(c.metrics_addr, None);
-    assert_eq!(c.grace, Duration::from_secs(5));
-    assert_eq!(c.teardown_timeout, Duration::from_secs(10));
+    assert_eq!(c.response_plane().plane(), Plane::Classic);
+    assert_eq!(c.metrics_addr(), None);
+    assert_eq!(c.grace(), Duration::from_secs(5));
+    assert_eq!(c.teardown_timeout(), Duration::from_secs(10));
     let c = parse(&[
         ("DYN_VELO_METRICS_ADDR", "127.0.0.1:0"),
         ("DYN_VELO_TEARDOWN_TIMEOUT_MS", "2500"),
     ])
     .unwrap();
-    assert_eq!(c.metrics_addr, Some("127.0.0.1:0".parse().unwrap()));
-    assert_eq!(c.teardown_timeout, Duration::from_millis(2500));
+    assert_eq!(c.metrics_addr(), Some("127.0.0.1:0".parse().unwrap()));
+    assert_eq!(c.teardown_timeout(), Duration::from_millis(2500));
 }
 
 #[test]
@@ -68,14 +70,17 @@ fn the_command_line_overrides_the_environment() {
         velo_batch_ms: Some("0".into()),
         ..Default::default()
     };
-    let c = ServiceConfig::from_args(Roles::WORKER, &args).unwrap();
-    assert_eq!(c.plane.plane(), Plane::Velo);
-    assert_eq!(c.plane.batching(), response_plane::Batching::Greedy);
+    let c = ServiceConfig::from_args(Role::Worker, &args).unwrap();
+    assert_eq!(c.response_plane().plane(), Plane::Velo);
+    assert_eq!(
+        c.response_plane().batching(),
+        response_plane::Batching::Greedy
+    );
     let bad = ServiceArgs {
         response_plane: Some("nope".into()),
         ..Default::default()
     };
-    let msg = ServiceConfig::from_args(Roles::WORKER, &bad)
+    let msg = ServiceConfig::from_args(Role::Worker, &bad)
         .unwrap_err()
         .to_string();
     assert!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use response_plane::{ConnectionInfo, Plane, RegisterOptions, ResponseError};
-use runtime_glue::{ResponseService, Roles, ServiceConfig};
+use runtime_glue::{ResponseService, Role, ServiceConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Resolves `f`, failing the test after a generous bound.
@@ -70,7 +70,7 @@ async fn run(plane: Plane) {
         "DYN_VELO_RESPONSE_BATCH_MS" => Some("10000".to_owned()),
         _ => None,
     };
-    let service = ResponseService::start(ServiceConfig::from_lookup(Roles::BOTH, lookup).unwrap())
+    let service = ResponseService::start(ServiceConfig::from_lookup(Role::Both, lookup).unwrap())
         .await
         .unwrap();
     let before = samples(&scrape(&service).await);

@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
+use response_plane::{PendingResponse, ResponseStream};
 use response_plane::{RegisterOptions, ResponseError};
-use runtime_glue::{ResponseService, Roles, ServicePending, ServiceStream};
+use runtime_glue::{ResponseService, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +22,7 @@ const LATE_REGISTER_PAUSE: Duration = Duration::from_millis(5);
 
 /// Runs the frontend role until told to quit or its input ends.
 pub(crate) async fn run(args: RoleArgs) -> Result<(), String> {
-    let service = service::start(Roles::FRONTEND, &args).await?;
+    let service = service::start(Role::Frontend, &args).await?;
     let addr = service
         .frontend()
         .map(response_plane::FrontendPlane::address);
@@ -82,7 +83,7 @@ fn open(service: &ResponseService, sid: u64, mode: ReadMode, kills: &mut HashMap
 }
 
 /// Waits for the stream's prologue and reads it as `mode` says; reports its end once.
-async fn follow(pending: ServicePending<ItemIn>, sid: u64, mode: ReadMode, signals: Signals) {
+async fn follow(pending: PendingResponse<ItemIn>, sid: u64, mode: ReadMode, signals: Signals) {
     let Signals { kill, failed } = signals;
     if mode == ReadMode::Hold {
         kill.cancelled().await;
@@ -114,7 +115,10 @@ async fn follow(pending: ServicePending<ItemIn>, sid: u64, mode: ReadMode, signa
 
 /// Reads until the stream ends or is killed: how it ended, the items received in order, and
 /// the mean gap between them in microseconds.
-async fn read_all(rx: &mut ServiceStream<ItemIn>, kill: &CancellationToken) -> (Outcome, u64, u64) {
+async fn read_all(
+    rx: &mut ResponseStream<ItemIn>,
+    kill: &CancellationToken,
+) -> (Outcome, u64, u64) {
     let (mut n, mut first, mut last) = (0u64, None::<Instant>, None::<Instant>);
     let mut ended: Option<Outcome> = None;
     loop {

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use runtime_glue::{ENV_GRACE_MS, ResponseService, Roles, ServiceConfig};
+use runtime_glue::{ENV_GRACE_MS, ResponseService, Role, ServiceConfig};
 use serde::{Deserialize, Serialize};
 use velo_faults::protocol::{Event, to_line};
 
@@ -41,25 +41,30 @@ impl RoleArgs {
     }
 }
 
-/// Starts the service for `roles` as `args` say; nothing is read from the environment, so a
+/// Starts the service for `role` as `args` say; nothing is read from the environment, so a
 /// run does not depend on the shell it was started from.
-pub(crate) async fn start(roles: Roles, args: &RoleArgs) -> Result<ResponseService, String> {
+pub(crate) async fn start(role: Role, args: &RoleArgs) -> Result<ResponseService, String> {
     let (plane, host, grace) = (
         args.plane.clone(),
         args.host.to_string(),
         args.grace_ms.to_string(),
     );
-    let mut config = ServiceConfig::from_lookup(roles, |var| match var {
+    let config = ServiceConfig::from_lookup(role, |var| match var {
         response_plane::ENV_PLANE => Some(plane.clone()),
         response_plane::ENV_HOST => Some(host.clone()),
         ENV_GRACE_MS => Some(grace.clone()),
         _ => None,
     })
     .map_err(|e| e.to_string())?;
-    config.plane = config
-        .plane
+    let plane = config
+        .response_plane()
         .to_builder()
         .idle_timeout(Duration::from_millis(args.idle_ms))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let config = config
+        .to_builder()
+        .response_plane(plane)
         .build()
         .map_err(|e| e.to_string())?;
     ResponseService::start(config)

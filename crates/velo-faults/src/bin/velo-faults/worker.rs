@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use response_plane::{ConnectionInfo, ResponseError};
-use runtime_glue::{ResponseService, Roles};
+use runtime_glue::{ResponseService, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Semaphore;
 use velo_faults::protocol::{Command, Event, Outcome, forge_ticket, from_line};
@@ -31,7 +31,7 @@ struct Serve {
 
 /// Runs the worker role until told to quit or its input ends.
 pub(crate) async fn run(args: RoleArgs) -> Result<(), String> {
-    let service = service::start(Roles::WORKER, &args).await?;
+    let service = service::start(Role::Worker, &args).await?;
     emit(&Event::Ready { addr: None });
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
