@@ -28,6 +28,7 @@ const MATRIX: &[Row] = &[
     Row::ucx("runtime-glue", Features::All),
     Row::new("velo-bench", Features::Default),
     Row::new("velo-faults", Features::Default),
+    Row::new("velo-serve", Features::Default),
     Row::new("xtask", Features::Default),
 ];
 

@@ -1,0 +1,377 @@
+//! The frontend role: an OpenAI-compatible HTTP server (axum) in front of the response plane,
+//! routing to the workers discovery reports.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming or not),
+//! `GET /v1/models`, `GET /health`, `GET /metrics`. A request is parsed and checked
+//! ([`crate::openai`]; 400 or 404 with an OpenAI error object), admitted ([`admission`]; 503
+//! with `Retry-After` past the bounded queue), dispatched to a worker ([`dispatch`]; retried on
+//! another worker when its worker left before answering), and answered ([`respond`]).
+//!
+//! Why axum: it is hyper underneath (HTTP/1.1, chunked streaming bodies without buffering)
+//! with routing, extractors and graceful shutdown already written and maintained by the tokio
+//! project; this crate would otherwise re-implement exactly those on hyper.
+
+pub mod admission;
+pub mod dispatch;
+pub mod metrics;
+pub mod pool;
+pub mod respond;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use response_plane::{FrontendPlane, ResponsePlaneConfig, StartError};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use admission::{Admission, AdmissionLimits};
+use metrics::{FrontendMetrics, Outcome};
+use pool::Pool;
+use respond::Accounting;
+
+use crate::discovery::DiscoveryConfig;
+use crate::openai::{ApiError, Endpoint, Limits};
+
+/// Largest request body accepted by default, in bytes.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+/// How long a request waits for its worker's prologue by default.
+pub const DEFAULT_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Workers tried per request by default.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// How a frontend runs.
+#[derive(Debug, Clone)]
+pub struct FrontendConfig {
+    /// Where HTTP listens.
+    pub http: SocketAddr,
+    /// The model name served (and listed by `/v1/models`).
+    pub model: String,
+    /// Token limits per request.
+    pub limits: Limits,
+    /// Admission limits.
+    pub admission: AdmissionLimits,
+    /// How long a request waits for its worker's prologue.
+    pub establish_timeout: Duration,
+    /// Workers tried per request.
+    pub max_attempts: u32,
+    /// How long a removed worker's open streams may keep generating.
+    pub removal_grace: Duration,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// The response plane.
+    pub plane: ResponsePlaneConfig,
+    /// Where workers are found.
+    pub discovery: DiscoveryConfig,
+}
+
+/// Why a frontend could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrontendError {
+    /// The response plane could not start.
+    #[error(transparent)]
+    Plane(#[from] StartError),
+    /// The HTTP listener could not bind.
+    #[error("cannot listen for HTTP on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Discovery could not be watched.
+    #[error("cannot watch discovery under {dir}: {source}")]
+    Discovery {
+        /// The bucket directory.
+        dir: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Renders more metrics for `/metrics` (the response plane's, from the runtime).
+pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct State(Arc<Shared>);
+
+/// See [`State`].
+pub struct Shared {
+    /// The configuration.
+    pub config: FrontendConfig,
+    /// The response plane.
+    pub plane: FrontendPlane,
+    /// The routable workers.
+    pub pool: Arc<Pool>,
+    /// The admission gate.
+    pub admission: Admission,
+    /// HTTP metrics.
+    pub metrics: FrontendMetrics,
+    /// Where request tasks run.
+    pub tracker: TaskTracker,
+    next_id: AtomicU64,
+    extra_metrics: Option<ExtraMetrics>,
+}
+
+impl std::ops::Deref for State {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// A running frontend.
+pub struct Frontend {
+    addr: SocketAddr,
+    state: State,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Frontend {
+    /// Binds the plane and HTTP, starts following discovery and serving.
+    ///
+    /// # Errors
+    ///
+    /// [`FrontendError`] naming what could not start.
+    pub async fn start(
+        config: FrontendConfig,
+        extra_metrics: Option<ExtraMetrics>,
+    ) -> Result<Self, FrontendError> {
+        let tracker = TaskTracker::new();
+        let plane = FrontendPlane::bind(config.plane.clone(), tracker.clone()).await?;
+        Self::start_on(config, plane, tracker, extra_metrics).await
+    }
+
+    /// As [`start`](Self::start), on a plane the caller bound (a runtime's service) whose
+    /// tasks run on `tracker`.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_on(
+        config: FrontendConfig,
+        plane: FrontendPlane,
+        tracker: TaskTracker,
+        extra_metrics: Option<ExtraMetrics>,
+    ) -> Result<Self, FrontendError> {
+        let stop = CancellationToken::new();
+        let listener =
+            TcpListener::bind(config.http)
+                .await
+                .map_err(|source| FrontendError::Bind {
+                    addr: config.http,
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| FrontendError::Bind {
+                addr: config.http,
+                source,
+            })?;
+        let pool = Pool::new(config.removal_grace);
+        let (changes, forget) =
+            crate::discovery::watch::start(config.discovery.clone(), &tracker, stop.clone())
+                .map_err(|source| FrontendError::Discovery {
+                    dir: config.discovery.dir(),
+                    source,
+                })?;
+        tracker.spawn(pool::follow(
+            pool.clone(),
+            plane.clone(),
+            changes,
+            forget,
+            tracker.clone(),
+            stop.clone(),
+        ));
+        let state = State(Arc::new(Shared {
+            admission: Admission::new(config.admission),
+            metrics: FrontendMetrics::new(&config.model),
+            config,
+            plane,
+            pool,
+            tracker: tracker.clone(),
+            next_id: AtomicU64::new(1),
+            extra_metrics,
+        }));
+        let app = router(state.clone());
+        let shutdown = stop.clone().cancelled_owned();
+        tracker.spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
+                tracing::error!(error = %e, "HTTP server failed");
+            }
+        });
+        tracing::info!(%addr, plane = state.plane.plane().name(), "frontend serving");
+        Ok(Self {
+            addr,
+            state,
+            stop,
+            tracker,
+        })
+    }
+
+    /// Where HTTP listens.
+    pub fn address(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The shared state (plane, pool, metrics).
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// Stops serving: no new connections, open answers get `grace` to finish, then the plane
+    /// shuts down.
+    pub async fn shutdown(self, grace: Duration) {
+        self.stop.cancel();
+        self.tracker.close();
+        let _ = tokio::time::timeout(grace, self.state.plane.drained()).await;
+        self.state.plane.shutdown().await;
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            self.state.plane.abort();
+        }
+    }
+}
+
+fn router(state: State) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn chat(
+    axum::extract::State(s): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(s, Endpoint::Chat, body).await
+}
+
+async fn completions(
+    axum::extract::State(s): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(s, Endpoint::Completion, body).await
+}
+
+async fn generate(
+    state: State,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let refuse = |e: ApiError, streaming: bool| {
+        state
+            .metrics
+            .request(endpoint, streaming, Outcome::of_status(e.status.as_u16()));
+        e.into_response()
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => {
+            let e = ApiError {
+                status: r.status(),
+                ..ApiError::invalid(r.body_text(), None)
+            };
+            return refuse(e, false);
+        }
+    };
+    let job = match crate::openai::request::parse(
+        endpoint,
+        &body,
+        &state.config.model,
+        state.config.limits,
+    ) {
+        Ok(j) => j,
+        Err(e) => return refuse(e, false),
+    };
+    let turn = match state.admission.enter().await {
+        Ok(t) => t,
+        Err(e) => return refuse(e, job.stream),
+    };
+    let mut account = Accounting::new(&state, &job, started);
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let dispatched = match dispatch::dispatch(&state, &job, id).await {
+        Ok(d) => d,
+        Err(e) => {
+            account.outcome = Outcome::of_status(e.status.as_u16());
+            return e.into_response();
+        }
+    };
+    let response_id = format!("{:032x}", rand::random::<u128>());
+    if job.stream {
+        respond::stream(&state, job, &response_id, dispatched, turn, account)
+    } else {
+        respond::unary(&state, job, &response_id, dispatched, account).await
+    }
+}
+
+async fn models(axum::extract::State(s): axum::extract::State<State>) -> Response {
+    let body = serde_json::json!({
+        "object": "list",
+        "data": [{"id": s.config.model, "object": "model", "created": 0, "owned_by": "velo-serve"}],
+    });
+    json(StatusCode::OK, body.to_string())
+}
+
+async fn health(axum::extract::State(s): axum::extract::State<State>) -> Response {
+    let instances: Vec<String> = s.pool.ids().iter().map(|id| format!("{id:x}")).collect();
+    let healthy = !instances.is_empty();
+    let body = serde_json::json!({
+        "status": if healthy { "healthy" } else { "unhealthy" },
+        "instances": instances,
+        "plane": s.plane.plane().name(),
+    });
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(status, body.to_string())
+}
+
+async fn metrics_text(axum::extract::State(s): axum::extract::State<State>) -> Response {
+    let mut text = s.metrics.render(s.admission.queued());
+    if let Some(extra) = &s.extra_metrics {
+        text.push_str(&extra());
+    }
+    let mut r = (StatusCode::OK, text).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
+
+fn json(status: StatusCode, body: String) -> Response {
+    let mut r = (status, body).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}

@@ -1,0 +1,323 @@
+//! Turning a worker's stream into the HTTP answer.
+//!
+//! Streaming: a pump task per request reads the worker's items as they come (so the worker's
+//! engine never waits on this client), shapes each into an SSE event and queues it for the
+//! HTTP body, at most [`CLIENT_BUFFER_EVENTS`] ahead of the client; a client that falls further
+//! behind, or disconnects, gets its stream killed (the worker's engine sees the kill and frees
+//! the slot). A worker error, a lost stream, or a worker removed from discovery whose grace ran
+//! out end the answer with an SSE error event (no `[DONE]`).
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::State;
+use super::admission::Turn;
+use super::dispatch::{CLIENT_DRAIN_TIMEOUT, Dispatched};
+use super::metrics::{FrontendMetrics, Outcome};
+use crate::openai::{ApiError, Job, Shaper, chunk};
+use crate::wire::{CompletionUsage, FinishReason, StreamItem};
+
+/// SSE events queued for a client that reads slower than its tokens arrive; past it the
+/// stream is killed.
+pub const CLIENT_BUFFER_EVENTS: usize = 1024;
+
+/// What one request has seen so far.
+struct Progress {
+    started: Instant,
+    last: Option<Instant>,
+    tokens: u32,
+    usage: Option<CompletionUsage>,
+    finish: Option<&'static str>,
+    complete: bool,
+}
+
+impl Progress {
+    fn new(started: Instant) -> Self {
+        Self {
+            started,
+            last: None,
+            tokens: 0,
+            usage: None,
+            finish: None,
+            complete: false,
+        }
+    }
+
+    /// Takes one item: `Ok(Some(text))` for a token, `Ok(None)` for nothing to send, `Err`
+    /// for an engine error.
+    fn take(&mut self, item: StreamItem, m: &FrontendMetrics) -> Result<Option<String>, ApiError> {
+        if item.complete_final {
+            self.complete = true;
+            return Ok(None);
+        }
+        let Some(annotated) = item.data else {
+            return Ok(None);
+        };
+        if let Some(message) = annotated.error_message() {
+            return Err(engine_error(message));
+        }
+        let Some(out) = annotated.data else {
+            return Ok(None);
+        };
+        if let Some(FinishReason::Error(message)) = &out.finish_reason {
+            return Err(engine_error(message.clone()));
+        }
+        let now = Instant::now();
+        match self.last {
+            None => FrontendMetrics::seconds(&m.ttft, now - self.started),
+            Some(last) => FrontendMetrics::seconds(&m.itl, now - last),
+        }
+        self.last = Some(now);
+        let n = u32::try_from(out.token_ids.len()).unwrap_or(u32::MAX);
+        self.tokens = self.tokens.saturating_add(n);
+        m.output_tokens.fetch_add(u64::from(n), Ordering::Relaxed);
+        self.finish = out.finish_reason.as_ref().and_then(FinishReason::openai);
+        if out.completion_usage.is_some() {
+            self.usage = out.completion_usage;
+        }
+        Ok(Some(out.text.unwrap_or_default()))
+    }
+
+    fn usage(&self, job: &Job) -> CompletionUsage {
+        self.usage
+            .unwrap_or_else(|| CompletionUsage::new(job.prompt_tokens, self.tokens))
+    }
+}
+
+fn engine_error(message: String) -> ApiError {
+    ApiError::internal(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("engine error: {message}"),
+    )
+}
+
+/// A lost stream as the client sees it.
+fn lost(e: &response_plane::ResponseError) -> ApiError {
+    ApiError::internal(
+        StatusCode::BAD_GATEWAY,
+        format!("the worker's stream failed: {e}"),
+    )
+}
+
+/// Starts streaming `dispatched` to the client as SSE.
+pub fn stream(
+    state: &State,
+    job: Job,
+    id: &str,
+    dispatched: Dispatched,
+    turn: Turn,
+    account: Accounting,
+) -> Response {
+    let (tx, mut rx) = mpsc::channel::<Bytes>(CLIENT_BUFFER_EVENTS);
+    let shaper = Shaper::new(&job, id);
+    state.tracker.spawn(pump(
+        state.clone(),
+        job,
+        shaper,
+        dispatched,
+        (turn, account),
+        tx,
+    ));
+    let body = futures::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|o| o.map(Ok::<_, std::convert::Infallible>))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// How a streamed answer ended.
+enum End {
+    Complete,
+    Failed(ApiError),
+    ClientGone,
+    SlowClient,
+}
+
+async fn pump(
+    state: State,
+    job: Job,
+    mut shaper: Shaper,
+    dispatched: Dispatched,
+    (_turn, mut account): (Turn, Accounting),
+    tx: mpsc::Sender<Bytes>,
+) {
+    let Dispatched { mut stream, worker } = dispatched;
+    let m = &state.metrics;
+    let mut progress = Progress::new(account.started);
+    let end = loop {
+        // Cancel safety: `next` on the stream loses no item when another branch wins (the
+        // stream keeps it); the others only wait.
+        let next = tokio::select! {
+            biased;
+            () = tx.closed() => break End::ClientGone,
+            () = worker.0.gone.cancelled() => {
+                break End::Failed(ApiError::internal(StatusCode::BAD_GATEWAY, "the worker left discovery and did not finish in time"));
+            }
+            next = stream.next() => next,
+        };
+        let item = match next {
+            None if progress.complete => break End::Complete,
+            None => {
+                break End::Failed(ApiError::internal(
+                    StatusCode::BAD_GATEWAY,
+                    "stream ended before generation completed",
+                ));
+            }
+            Some(Err(e)) => break End::Failed(lost(&e)),
+            Some(Ok(item)) => item,
+        };
+        match progress.take(item, m) {
+            Err(e) => break End::Failed(e),
+            Ok(None) => {}
+            Ok(Some(text)) => match tx.try_send(shaper.token(&text, progress.finish)) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => break End::SlowClient,
+                Err(mpsc::error::TrySendError::Closed(_)) => break End::ClientGone,
+            },
+        }
+    };
+    let outcome = match end {
+        End::Complete => {
+            let mut tail = shaper
+                .usage(progress.usage(&job))
+                .into_iter()
+                .collect::<Vec<_>>();
+            tail.push(Bytes::from_static(chunk::DONE));
+            for b in tail {
+                if tokio::time::timeout(CLIENT_DRAIN_TIMEOUT, tx.send(b))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            Outcome::Success
+        }
+        End::Failed(e) => {
+            tracing::debug!(error = %e, "stream failed");
+            stream.kill();
+            let _ = tokio::time::timeout(CLIENT_DRAIN_TIMEOUT, tx.send(Shaper::error(&e))).await;
+            Outcome::Internal
+        }
+        End::ClientGone => {
+            stream.kill();
+            m.disconnected.fetch_add(1, Ordering::Relaxed);
+            Outcome::Cancelled
+        }
+        End::SlowClient => {
+            stream.kill();
+            m.slow_clients.fetch_add(1, Ordering::Relaxed);
+            Outcome::Cancelled
+        }
+    };
+    account.outcome = outcome;
+    account.tokens = progress.tokens;
+}
+
+/// Counts a request in flight from admission on, and when it ends (however: a dropped
+/// handler is a client that went away) records its outcome and sizes.
+pub struct Accounting {
+    state: State,
+    endpoint: crate::openai::Endpoint,
+    streaming: bool,
+    prompt_tokens: u32,
+    started: Instant,
+    /// How it ended; a request dropped before saying so was cancelled by its client.
+    pub outcome: Outcome,
+    /// Tokens sent.
+    pub tokens: u32,
+}
+
+impl Accounting {
+    /// Counts `job` in flight.
+    pub fn new(state: &State, job: &Job, started: Instant) -> Self {
+        state.metrics.inflight.fetch_add(1, Ordering::Relaxed);
+        Self {
+            state: state.clone(),
+            endpoint: job.endpoint,
+            streaming: job.stream,
+            prompt_tokens: job.prompt_tokens,
+            started,
+            outcome: Outcome::Cancelled,
+            tokens: 0,
+        }
+    }
+}
+
+impl Drop for Accounting {
+    fn drop(&mut self) {
+        let m = &self.state.metrics;
+        m.request(self.endpoint, self.streaming, self.outcome);
+        m.inflight.fetch_sub(1, Ordering::Relaxed);
+        FrontendMetrics::seconds(&m.duration, self.started.elapsed());
+        m.isl.observe(f64::from(self.prompt_tokens));
+        m.osl.observe(f64::from(self.tokens));
+    }
+}
+
+/// Collects the whole answer and sends it as one object. A client that disconnects drops this
+/// future, and with it the stream (killed).
+pub async fn unary(
+    state: &State,
+    job: Job,
+    id: &str,
+    dispatched: Dispatched,
+    mut account: Accounting,
+) -> Response {
+    let Dispatched {
+        mut stream,
+        worker: _worker,
+    } = dispatched;
+    let m = &state.metrics;
+    let mut progress = Progress::new(account.started);
+    let mut text = String::new();
+    let result = loop {
+        match stream.next().await {
+            None if progress.complete => break Ok(()),
+            None => {
+                break Err(ApiError::internal(
+                    StatusCode::BAD_GATEWAY,
+                    "stream ended before generation completed",
+                ));
+            }
+            Some(Err(e)) => break Err(lost(&e)),
+            Some(Ok(item)) => match progress.take(item, m) {
+                Ok(Some(t)) => text.push_str(&t),
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            },
+        }
+    };
+    account.tokens = progress.tokens;
+    match result {
+        Ok(()) => {
+            account.outcome = Outcome::Success;
+            let shaper = Shaper::new(&job, id);
+            let body = shaper.full(&text, progress.finish, progress.usage(&job));
+            let mut r = (StatusCode::OK, body).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(e) => {
+            account.outcome = Outcome::of_status(e.status.as_u16());
+            e.into_response()
+        }
+    }
+}

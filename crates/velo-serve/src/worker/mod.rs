@@ -1,0 +1,208 @@
+//! The worker role: mock engines (velo-bench's, Dynamo's mocker timing model) behind the
+//! request plane ([`crate::work`]), answering on the response plane, registered in discovery.
+//!
+//! Start-up order: the response plane (a broken transport fails here), the engines, the
+//! request listener, then the discovery record, so a frontend never finds a worker that cannot
+//! serve. Shutdown is the reverse: leave discovery first (frontends stop routing here), let the
+//! open streams finish within a grace period, then close the plane.
+
+pub mod engine;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use response_plane::{ResponsePlaneConfig, StartError, WorkerPlane};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use velo_bench::worker::{Engines, WorkerOpts};
+
+use engine::ServeEngine;
+pub use engine::WorkerStats;
+
+use crate::discovery::lease::Lease;
+use crate::discovery::{DiscoveryConfig, Instance, Transport};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The response plane.
+    pub plane: ResponsePlaneConfig,
+    /// Where to register.
+    pub discovery: DiscoveryConfig,
+    /// Mock engines in this process.
+    pub engines: u32,
+    /// The mocker's speedup ratio (passes take `1/speedup` of the model's time).
+    pub speedup: f64,
+    /// The address the request plane listens on (port chosen by the OS) and advertises.
+    pub host: IpAddr,
+    /// Flush the plane once per engine forward pass.
+    pub flush_per_pass: bool,
+}
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The response plane could not start.
+    #[error(transparent)]
+    Plane(#[from] StartError),
+    /// The request listener could not bind.
+    #[error("cannot listen for requests on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The discovery record could not be written.
+    #[error("cannot register in discovery under {dir}: {source}")]
+    Discovery {
+        /// The bucket directory.
+        dir: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct Worker {
+    instance: Instance,
+    addr: SocketAddr,
+    lease: Option<Lease>,
+    stats: Arc<WorkerStats>,
+    plane: WorkerPlane,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Worker {
+    /// Starts serving and registers in discovery.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError`] naming what could not start.
+    pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
+        let tracker = TaskTracker::new();
+        let plane = WorkerPlane::new(config.plane.clone(), tracker.clone())?;
+        let stats = Arc::new(WorkerStats::default());
+        let opts = WorkerOpts {
+            engines: config.engines.max(1),
+            speedup: config.speedup,
+            flush_per_pass: config.flush_per_pass,
+        };
+        let engines = Engines::start(
+            Arc::new(ServeEngine::new(plane.clone(), stats.clone())),
+            opts,
+        );
+        let bind = SocketAddr::new(config.host, 0);
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|source| WorkerError::Bind { addr: bind, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| WorkerError::Bind { addr: bind, source })?;
+        let stop = CancellationToken::new();
+        let spawner = tracker.clone();
+        let deliver = move |frame| {
+            let engines = engines.clone();
+            spawner.spawn(async move { engines.serve(frame).await });
+        };
+        tracker.spawn(crate::work::serve(
+            listener,
+            tracker.clone(),
+            stop.clone(),
+            deliver,
+        ));
+        let instance = Instance {
+            namespace: config.discovery.namespace.clone(),
+            component: config.discovery.component.clone(),
+            endpoint: config.discovery.endpoint.clone(),
+            instance_id: new_instance_id(),
+            transport: Transport::Tcp(addr.to_string()),
+        };
+        let lease = Lease::publish(&config.discovery, &instance).map_err(|source| {
+            WorkerError::Discovery {
+                dir: config.discovery.dir(),
+                source,
+            }
+        })?;
+        tracing::info!(instance = format!("{:x}", instance.instance_id), %addr, plane = plane.plane().name(), "worker serving");
+        Ok(Self {
+            instance,
+            addr,
+            lease: Some(lease),
+            stats,
+            plane,
+            stop,
+            tracker,
+        })
+    }
+
+    /// The discovery instance id.
+    pub fn instance_id(&self) -> u64 {
+        self.instance.instance_id
+    }
+
+    /// Where the request plane listens.
+    pub fn address(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The engines' counters.
+    pub fn stats(&self) -> &Arc<WorkerStats> {
+        &self.stats
+    }
+
+    /// Deletes the discovery record (frontends stop sending requests here).
+    pub fn leave_discovery(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.close();
+        }
+    }
+
+    /// Shuts down: leaves discovery, stops taking requests, lets open streams finish within
+    /// `grace`, then closes the plane and waits (bounded by `grace` again) for its tasks.
+    /// Returns whether every stream finished in time.
+    pub async fn shutdown(mut self, grace: Duration) -> bool {
+        self.leave_discovery();
+        self.stop.cancel();
+        let drained = tokio::time::timeout(grace, self.plane.drained())
+            .await
+            .is_ok();
+        self.plane.close();
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            self.plane.abort();
+        }
+        drained
+    }
+
+    /// Stops at once, as a crash would, but in-process: the discovery record stays behind
+    /// (it expires), every connection is cut.
+    pub fn abort(mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.abandon();
+        }
+        self.stop.cancel();
+        self.plane.abort();
+        self.tracker.close();
+    }
+}
+
+/// A random, non-zero instance id.
+fn new_instance_id() -> u64 {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
+}
