@@ -14,6 +14,7 @@ mod fuzz;
 mod fuzz_smoke;
 mod layers;
 mod metadata;
+mod serve_bench;
 mod soak;
 mod test_matrix;
 mod ucx;
@@ -48,6 +49,11 @@ Commands:
                            fault scenarios against both planes (kills, blackhole, zero
                            window, slow consumer, OPEN flood, 2% loss in namespaces, restart,
                            go-away): one table; fails on a hang or a bound exceeded
+  serve-bench [--planes velo,tcp] [--concurrency N] [--rate R] [--duration S]
+              [--workers N] [--isl N] [--osl N] [--speedup X]
+                           velo-serve over HTTP per plane: a closed loop of N users and
+                           an open Poisson loop at R req/s; TTFT, chunk gaps, ITL, tok/s,
+                           errors, frontend CPU per token (HTTP vs plane)
   help                     print this help
 
 Environment:
@@ -90,6 +96,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "fuzz" => fuzz::campaign(&fuzz::Options::parse(rest)?)?,
         "bench" => bench::run(&bench::Options::parse(rest)?)?,
         "soak" => soak::run(&soak::Options::parse(rest)?)?,
+        "serve-bench" => serve_bench::run(&serve_bench::Options::parse(rest)?)?,
         "faults" => faults::run(&faults::Options::parse(rest)?)?,
         other => {
             eprint!("{HELP}");

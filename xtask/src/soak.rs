@@ -55,7 +55,7 @@ impl Options {
 }
 
 /// Where cargo builds: `$CARGO_TARGET_DIR`, else `target/` under the repository root.
-fn target_dir() -> std::path::PathBuf {
+pub(crate) fn target_dir() -> std::path::PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => crate::cmd::project_root().join(dir),
         None => crate::cmd::project_root().join("target"),

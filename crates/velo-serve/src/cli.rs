@@ -7,7 +7,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use response_plane::{ConfigError, ENV_HOST, ENV_PLANE, ResponsePlaneConfig};
+use response_plane::{ConfigError, ENV_HOST, ENV_PLANE};
+use runtime_glue::{Role, ServiceConfig};
 
 use crate::discovery::{DiscoveryConfig, DiscoveryConfigError};
 use crate::frontend::FrontendConfig;
@@ -86,6 +87,10 @@ pub struct FrontendArgs {
     /// How long a removed worker's streams may keep generating, ms.
     #[arg(long, default_value_t = 10_000)]
     pub removal_grace_ms: u64,
+    /// Run the response plane on a thread of its own (`velo-plane`), so its CPU time can be
+    /// told apart from the HTTP side's (serve-bench uses it).
+    #[arg(long)]
+    pub plane_thread: bool,
     /// Discovery settings.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
@@ -122,12 +127,11 @@ pub struct WorkerArgs {
     /// Discovery settings.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
-    /// The address the request plane listens on and advertises.
+    /// The address the request plane listens on and advertises. (Shutdown bounds and a
+    /// metrics endpoint come from runtime-glue's `DYN_VELO_SHUTDOWN_GRACE_MS`,
+    /// `DYN_VELO_TEARDOWN_TIMEOUT_MS` and `DYN_VELO_METRICS_ADDR`.)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
-    /// Time open streams get to finish at shutdown, ms.
-    #[arg(long, default_value_t = 5000)]
-    pub grace_ms: u64,
 }
 
 /// A setting that stops start-up.
@@ -151,14 +155,15 @@ pub enum PlaneHost {
     Loopback,
 }
 
-/// The response plane's settings from the environment, `velo` unless `DYN_RESPONSE_PLANE`
-/// says otherwise.
+/// The response-plane service's settings for `role` from the environment (the plane's
+/// `DYN_*` variables, runtime-glue's `DYN_VELO_METRICS_ADDR` and shutdown bounds), with the
+/// `velo` plane unless `DYN_RESPONSE_PLANE` says otherwise.
 ///
 /// # Errors
 ///
-/// The plane's [`ConfigError`] naming the variable.
-pub fn plane_config(host: PlaneHost) -> Result<ResponsePlaneConfig, ConfigError> {
-    ResponsePlaneConfig::from_lookup(|var| {
+/// [`ConfigError`] naming the variable, its value and what is allowed.
+pub fn service_config(role: Role, host: PlaneHost) -> Result<ServiceConfig, ConfigError> {
+    ServiceConfig::from_lookup(role, |var| {
         std::env::var(var).ok().or_else(|| match var {
             ENV_PLANE => Some("velo".to_owned()),
             ENV_HOST if host == PlaneHost::Loopback => Some(Ipv4Addr::LOCALHOST.to_string()),
@@ -202,7 +207,8 @@ impl FrontendArgs {
             max_attempts: crate::frontend::DEFAULT_MAX_ATTEMPTS,
             removal_grace: Duration::from_millis(self.removal_grace_ms),
             max_body_bytes: crate::frontend::DEFAULT_MAX_BODY_BYTES,
-            plane: plane_config(host)?,
+            service: service_config(Role::Frontend, host)?,
+            plane_thread: self.plane_thread,
             discovery: discovery_config(&self.discovery)?,
         })
     }
@@ -216,7 +222,7 @@ impl WorkerArgs {
     /// [`SettingsError`].
     pub fn config(&self) -> Result<WorkerConfig, SettingsError> {
         Ok(WorkerConfig {
-            plane: plane_config(PlaneHost::Routable)?,
+            service: service_config(Role::Worker, PlaneHost::Routable)?,
             discovery: discovery_config(&self.discovery)?,
             engines: self.engine.engines,
             speedup: self.engine.speedup,

@@ -33,8 +33,8 @@ async fn serve(args: &ServeArgs, private: Option<PathBuf>) -> Result {
         config.discovery.root.clone_from(dir);
     }
     let root = config.discovery.root.clone();
-    let plane = config.plane.plane().name();
-    let frontend = Frontend::start(config, None).await?;
+    let plane = config.service.response_plane().plane().name();
+    let frontend = Frontend::start(config).await?;
     let mut children = Vec::new();
     for _ in 0..args.workers {
         children.push(spawn_worker(args, plane, &root)?);
@@ -64,7 +64,7 @@ async fn serve(args: &ServeArgs, private: Option<PathBuf>) -> Result {
             let _ = c.kill().await;
         }
     }
-    frontend.shutdown(GRACE).await;
+    let _ = frontend.shutdown().await;
     Ok(())
 }
 

@@ -53,10 +53,11 @@ const GRACE: Duration = Duration::from_secs(5);
 
 async fn frontend(args: velo_serve::cli::FrontendArgs) -> Result {
     let config = args.config(PlaneHost::Routable)?;
-    let f = Frontend::start(config, None).await?;
+    let f = Frontend::start(config).await?;
     println!("velo-serve frontend: http://{}/v1", f.address());
     embedded::terminated().await;
-    f.shutdown(GRACE).await;
+    let report = f.shutdown().await;
+    eprintln!("velo-serve frontend: shutdown {}", report.outcome());
     Ok(())
 }
 
@@ -69,9 +70,7 @@ async fn worker(args: WorkerArgs) -> Result {
         w.address()
     );
     embedded::terminated().await;
-    let drained = w.shutdown(Duration::from_millis(args.grace_ms)).await;
-    if !drained {
-        eprintln!("velo-serve worker: streams were still open when the grace period ended");
-    }
+    let report = w.shutdown().await;
+    eprintln!("velo-serve worker: shutdown {}", report.outcome());
     Ok(())
 }

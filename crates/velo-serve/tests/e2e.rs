@@ -424,3 +424,53 @@ async fn requests_waiting_on_a_worker_removed_from_discovery_are_retried_on_anot
 fn plane_name(p: Plane) -> &'static str {
     p.name()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_page_has_the_frontends_and_the_planes_metrics_and_is_valid_prometheus() {
+    let c = Cluster::start(Plane::Velo, 1, |_| {}).await;
+    let (_conn, mut r) = c
+        .post(
+            "/v1/chat/completions",
+            &chat(3, true, serde_json::json!({"ignore_eos": true})),
+        )
+        .await;
+    assert_eq!(events(&mut r).await.len(), 4);
+    let (status, text) = c.get("/metrics").await;
+    assert_eq!(status, 200);
+    for needle in [
+        "dynamo_frontend_requests_total{model=\"velo-mock\",endpoint=\"chat_completions\",request_type=\"stream\",status=\"success\",error_type=\"\"} 1",
+        "dynamo_frontend_output_tokens_total{model=\"velo-mock\"} 3",
+        "dynamo_frontend_time_to_first_token_seconds_count{model=\"velo-mock\"} 1",
+        "dynamo_frontend_inter_token_latency_seconds_count{model=\"velo-mock\"} 2",
+        "velo_response_streams_registered",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+    promtool_check(&text);
+}
+
+/// `promtool check metrics` accepts the exposition.
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child =
+        child.expect("promtool is needed for this test: apt-get install prometheus (.ci/run does)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

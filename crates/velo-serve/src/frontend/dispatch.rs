@@ -64,7 +64,7 @@ async fn attempt(
         codec: Codec::Msgpack,
         establish_timeout: Some(state.config.establish_timeout),
     };
-    let (info, pending) = state.plane.register::<StreamItem>(opts)?;
+    let (info, pending) = state.service.register::<StreamItem>(opts)?;
     // A worker removed within the last 5 s fails here, before the request is sent.
     pending.associate(worker.0.id)?;
     let request = WorkRequest {

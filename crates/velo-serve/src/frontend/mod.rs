@@ -29,7 +29,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use response_plane::{FrontendPlane, ResponsePlaneConfig, StartError};
+use response_plane::FrontendPlane;
+use runtime_glue::{ResponseService, ServiceConfig, StartupError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -68,8 +69,11 @@ pub struct FrontendConfig {
     pub removal_grace: Duration,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
-    /// The response plane.
-    pub plane: ResponsePlaneConfig,
+    /// The response-plane service (plane settings, grace, teardown bound).
+    pub service: ServiceConfig,
+    /// Run the response plane's tasks on a thread of their own (`velo-plane`), so its CPU time
+    /// can be told apart from the HTTP side's.
+    pub plane_thread: bool,
     /// Where workers are found.
     pub discovery: DiscoveryConfig,
 }
@@ -78,9 +82,12 @@ pub struct FrontendConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrontendError {
-    /// The response plane could not start.
+    /// The response-plane service could not start.
     #[error(transparent)]
-    Plane(#[from] StartError),
+    Service(#[from] StartupError),
+    /// The plane's own thread could not start.
+    #[error("cannot start the response plane's thread: {0}")]
+    PlaneThread(#[source] std::io::Error),
     /// The HTTP listener could not bind.
     #[error("cannot listen for HTTP on {addr}: {source}")]
     Bind {
@@ -90,6 +97,9 @@ pub enum FrontendError {
         #[source]
         source: std::io::Error,
     },
+    /// The service was configured without the frontend role.
+    #[error("the response-plane service does not run the frontend role")]
+    NotAFrontend,
     /// Discovery could not be watched.
     #[error("cannot watch discovery under {dir}: {source}")]
     Discovery {
@@ -101,9 +111,6 @@ pub enum FrontendError {
     },
 }
 
-/// Renders more metrics for `/metrics` (the response plane's, from the runtime).
-pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
-
 /// What every handler shares.
 #[derive(Clone)]
 pub struct State(Arc<Shared>);
@@ -112,7 +119,9 @@ pub struct State(Arc<Shared>);
 pub struct Shared {
     /// The configuration.
     pub config: FrontendConfig,
-    /// The response plane.
+    /// The response-plane service (metrics, shutdown).
+    pub service: ResponseService,
+    /// Its frontend plane.
     pub plane: FrontendPlane,
     /// The routable workers.
     pub pool: Arc<Pool>,
@@ -123,7 +132,6 @@ pub struct Shared {
     /// Where request tasks run.
     pub tracker: TaskTracker,
     next_id: AtomicU64,
-    extra_metrics: Option<ExtraMetrics>,
 }
 
 impl std::ops::Deref for State {
@@ -139,35 +147,27 @@ pub struct Frontend {
     state: State,
     stop: CancellationToken,
     tracker: TaskTracker,
+    plane_thread: Option<PlaneThread>,
 }
 
 impl Frontend {
-    /// Binds the plane and HTTP, starts following discovery and serving.
+    /// Starts the response-plane service and HTTP, follows discovery and serves.
     ///
     /// # Errors
     ///
     /// [`FrontendError`] naming what could not start.
-    pub async fn start(
-        config: FrontendConfig,
-        extra_metrics: Option<ExtraMetrics>,
-    ) -> Result<Self, FrontendError> {
+    pub async fn start(config: FrontendConfig) -> Result<Self, FrontendError> {
+        let (service, plane_thread) = if config.plane_thread {
+            let t = PlaneThread::start(config.service.clone())?;
+            (t.service.clone(), Some(t))
+        } else {
+            (ResponseService::start(config.service.clone()).await?, None)
+        };
+        let plane = service
+            .frontend()
+            .cloned()
+            .ok_or(FrontendError::NotAFrontend)?;
         let tracker = TaskTracker::new();
-        let plane = FrontendPlane::bind(config.plane.clone(), tracker.clone()).await?;
-        Self::start_on(config, plane, tracker, extra_metrics).await
-    }
-
-    /// As [`start`](Self::start), on a plane the caller bound (a runtime's service) whose
-    /// tasks run on `tracker`.
-    ///
-    /// # Errors
-    ///
-    /// As [`start`](Self::start).
-    pub async fn start_on(
-        config: FrontendConfig,
-        plane: FrontendPlane,
-        tracker: TaskTracker,
-        extra_metrics: Option<ExtraMetrics>,
-    ) -> Result<Self, FrontendError> {
         let stop = CancellationToken::new();
         let listener =
             TcpListener::bind(config.http)
@@ -189,23 +189,24 @@ impl Frontend {
                     dir: config.discovery.dir(),
                     source,
                 })?;
-        tracker.spawn(pool::follow(
+        let follow = pool::follow(
             pool.clone(),
             plane.clone(),
             changes,
             forget,
             tracker.clone(),
             stop.clone(),
-        ));
+        );
+        tracker.spawn(follow);
         let state = State(Arc::new(Shared {
             admission: Admission::new(config.admission),
             metrics: FrontendMetrics::new(&config.model),
             config,
+            service,
             plane,
             pool,
             tracker: tracker.clone(),
             next_id: AtomicU64::new(1),
-            extra_metrics,
         }));
         let app = router(state.clone());
         let shutdown = stop.clone().cancelled_owned();
@@ -223,9 +224,9 @@ impl Frontend {
             state,
             stop,
             tracker,
+            plane_thread,
         })
     }
-
     /// Where HTTP listens.
     pub fn address(&self) -> SocketAddr {
         self.addr
@@ -236,22 +237,75 @@ impl Frontend {
         &self.state
     }
 
-    /// Stops serving: no new connections, open answers get `grace` to finish, then the plane
-    /// shuts down.
-    pub async fn shutdown(self, grace: Duration) {
+    /// Stops serving: no new HTTP connections, then the service's bounded shutdown (open
+    /// streams get its grace period, the teardown its hard timeout).
+    pub async fn shutdown(self) -> runtime_glue::ShutdownReport {
         self.stop.cancel();
         self.tracker.close();
-        let _ = tokio::time::timeout(grace, self.state.plane.drained()).await;
-        self.state.plane.shutdown().await;
-        if tokio::time::timeout(grace, self.tracker.wait())
-            .await
-            .is_err()
-        {
-            self.state.plane.abort();
+        let report = self.state.service.shutdown().await;
+        let bound = self.state.config.service.grace();
+        let _ = tokio::time::timeout(bound, self.tracker.wait()).await;
+        if let Some(t) = self.plane_thread {
+            t.stop();
         }
+        report
     }
 }
 
+/// The response plane's service on a thread of its own (a single-threaded runtime named
+/// `velo-plane`): its lane tasks run there, while the HTTP side reads the streams on its own
+/// threads.
+struct PlaneThread {
+    service: ResponseService,
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PlaneThread {
+    fn start(config: ServiceConfig) -> Result<Self, FrontendError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let run = move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let runtime = match runtime {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(Err(FrontendError::PlaneThread(e)));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let started = ResponseService::start(config).await;
+                let ok = started.is_ok();
+                let _ = tx.send(started.map_err(FrontendError::from));
+                if ok {
+                    stopped.cancelled().await;
+                }
+            });
+        };
+        let thread = std::thread::Builder::new()
+            .name("velo-plane".into())
+            .spawn(run)
+            .map_err(FrontendError::PlaneThread)?;
+        let ended = || FrontendError::PlaneThread(std::io::Error::other("the plane thread ended"));
+        let service = rx.recv().map_err(|_| ended())??;
+        Ok(Self {
+            service,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 fn router(state: State) -> Router {
     let limit = state.config.max_body_bytes;
     Router::new()
@@ -356,9 +410,7 @@ async fn health(axum::extract::State(s): axum::extract::State<State>) -> Respons
 
 async fn metrics_text(axum::extract::State(s): axum::extract::State<State>) -> Response {
     let mut text = s.metrics.render(s.admission.queued());
-    if let Some(extra) = &s.extra_metrics {
-        text.push_str(&extra());
-    }
+    text.push_str(&s.service.render_metrics());
     let mut r = (StatusCode::OK, text).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -10,9 +10,8 @@ pub mod engine;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
-use response_plane::{ResponsePlaneConfig, StartError, WorkerPlane};
+use runtime_glue::{ResponseService, ServiceConfig, ShutdownReport, StartupError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -27,8 +26,8 @@ use crate::discovery::{DiscoveryConfig, Instance, Transport};
 /// How a worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// The response plane.
-    pub plane: ResponsePlaneConfig,
+    /// The response-plane service (plane settings, metrics endpoint, grace, teardown bound).
+    pub service: ServiceConfig,
     /// Where to register.
     pub discovery: DiscoveryConfig,
     /// Mock engines in this process.
@@ -45,9 +44,12 @@ pub struct WorkerConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerError {
-    /// The response plane could not start.
+    /// The response-plane service could not start.
     #[error(transparent)]
-    Plane(#[from] StartError),
+    Service(#[from] StartupError),
+    /// The service was configured without the worker role.
+    #[error("the response-plane service does not run the worker role")]
+    NotAWorker,
     /// The request listener could not bind.
     #[error("cannot listen for requests on {addr}: {source}")]
     Bind {
@@ -75,7 +77,7 @@ pub struct Worker {
     addr: SocketAddr,
     lease: Option<Lease>,
     stats: Arc<WorkerStats>,
-    plane: WorkerPlane,
+    service: ResponseService,
     stop: CancellationToken,
     tracker: TaskTracker,
 }
@@ -88,7 +90,8 @@ impl Worker {
     /// [`WorkerError`] naming what could not start.
     pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
         let tracker = TaskTracker::new();
-        let plane = WorkerPlane::new(config.plane.clone(), tracker.clone())?;
+        let service = ResponseService::start(config.service.clone()).await?;
+        let plane = service.worker().cloned().ok_or(WorkerError::NotAWorker)?;
         let stats = Arc::new(WorkerStats::default());
         let opts = WorkerOpts {
             engines: config.engines.max(1),
@@ -137,7 +140,7 @@ impl Worker {
             addr,
             lease: Some(lease),
             stats,
-            plane,
+            service,
             stop,
             tracker,
         })
@@ -165,24 +168,21 @@ impl Worker {
         }
     }
 
-    /// Shuts down: leaves discovery, stops taking requests, lets open streams finish within
-    /// `grace`, then closes the plane and waits (bounded by `grace` again) for its tasks.
-    /// Returns whether every stream finished in time.
-    pub async fn shutdown(mut self, grace: Duration) -> bool {
+    /// The response-plane service (its metrics, its worker plane).
+    pub fn service(&self) -> &ResponseService {
+        &self.service
+    }
+
+    /// Shuts down: leaves discovery, stops taking requests, then the service's bounded
+    /// shutdown (open streams get its grace period to finish, the teardown its hard timeout).
+    pub async fn shutdown(mut self) -> ShutdownReport {
         self.leave_discovery();
         self.stop.cancel();
-        let drained = tokio::time::timeout(grace, self.plane.drained())
-            .await
-            .is_ok();
-        self.plane.close();
+        let report = self.service.shutdown().await;
         self.tracker.close();
-        if tokio::time::timeout(grace, self.tracker.wait())
-            .await
-            .is_err()
-        {
-            self.plane.abort();
-        }
-        drained
+        let bound = self.service.config().grace();
+        let _ = tokio::time::timeout(bound, self.tracker.wait()).await;
+        report
     }
 
     /// Stops at once, as a crash would, but in-process: the discovery record stays behind
@@ -192,7 +192,9 @@ impl Worker {
             lease.abandon();
         }
         self.stop.cancel();
-        self.plane.abort();
+        if let Some(w) = self.service.worker() {
+            w.abort();
+        }
         self.tracker.close();
     }
 }

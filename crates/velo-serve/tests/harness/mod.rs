@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use response_plane::{Plane, ResponsePlaneConfig};
+use runtime_glue::{Role, ServiceConfig};
 use velo_serve::client::{Conn, Response, SseEvent};
 use velo_serve::discovery::{DiscoveryConfig, ENV_FILE_KV};
 use velo_serve::frontend::admission::AdmissionLimits;
@@ -51,6 +52,14 @@ pub fn discovery(ttl: Duration) -> DiscoveryConfig {
         .expect("a valid discovery configuration")
 }
 
+pub fn service(role: Role, plane: ResponsePlaneConfig) -> ServiceConfig {
+    ServiceConfig::builder(role)
+        .response_plane(plane)
+        .grace(Duration::from_secs(5))
+        .build()
+        .expect("a valid service configuration")
+}
+
 pub fn frontend_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -> FrontendConfig {
     FrontendConfig {
         http: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -68,14 +77,15 @@ pub fn frontend_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -
         max_attempts: 3,
         removal_grace: Duration::from_secs(10),
         max_body_bytes: 1 << 20,
-        plane,
+        service: service(Role::Frontend, plane),
+        plane_thread: false,
         discovery,
     }
 }
 
 pub fn worker_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -> WorkerConfig {
     WorkerConfig {
-        plane,
+        service: service(Role::Worker, plane),
         discovery,
         engines: 2,
         speedup: 10.0,
@@ -91,9 +101,7 @@ impl Cluster {
         let discovery = discovery(Duration::from_secs(10));
         let mut config = frontend_config(plane.clone(), discovery.clone());
         tweak(&mut config);
-        let frontend = Frontend::start(config, None)
-            .await
-            .expect("the frontend starts");
+        let frontend = Frontend::start(config).await.expect("the frontend starts");
         let mut cluster = Self {
             frontend,
             workers: Vec::new(),
