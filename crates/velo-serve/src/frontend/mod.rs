@@ -29,6 +29,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use response_plane::FrontendPlane;
 use runtime_glue::{ResponseService, ServiceConfig, StartupError};
 use tokio::net::TcpListener;
@@ -210,6 +211,13 @@ impl Frontend {
         }));
         let app = router(state.clone());
         let shutdown = stop.clone().cancelled_owned();
+        // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it
+        // until the client's delayed ACK (~40 ms on Linux), which serve-bench saw as TTFT.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+            }
+        });
         tracker.spawn(async move {
             if let Err(e) = axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)
