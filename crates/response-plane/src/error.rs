@@ -178,10 +178,12 @@ impl ResponseError {
 pub(crate) fn stream_error(e: StreamError) -> ResponseError {
     use velo_mux::{OpenError, StreamEnd};
     match e {
-        StreamError::Closed(StreamEnd::Cancelled(_)) => {
+        StreamError::Closed(StreamEnd::Cancelled(_))
+        | StreamError::Undelivered(StreamEnd::Cancelled(_)) => {
             ResponseError::Cancelled { graceful: false }
         }
-        StreamError::Closed(StreamEnd::Lost(lane)) => ResponseError::lost(Cause::lane(lane)),
+        StreamError::Closed(StreamEnd::Lost(lane))
+        | StreamError::Undelivered(StreamEnd::Lost(lane)) => ResponseError::lost(Cause::lane(lane)),
         // The frontend ended the stream for breaking its rules: this side's stream is over.
         StreamError::Closed(StreamEnd::Violation(reason)) => {
             ResponseError::Protocol(ProtocolViolation::Stream(reason))

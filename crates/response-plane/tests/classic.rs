@@ -73,6 +73,16 @@ async fn close_ends_the_classic_watchers_while_a_frontend_holds_its_stream_open(
     stopping_the_worker_plane_ends_its_classic_watchers(WorkerPlane::close).await;
 }
 
+/// A real frontend only mints a valid address; this points it at `fake` instead.
+fn redirected(info: &ConnectionInfo, fake: std::net::SocketAddr) -> ConnectionInfo {
+    let mut address: serde_json::Value = serde_json::from_str(&info.info).unwrap();
+    address["addr"] = fake.to_string().into();
+    ConnectionInfo {
+        transport: info.transport.clone(),
+        info: address.to_string(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_streams_watcher_ends_though_the_frontend_never_closes() {
     // A real frontend only mints a valid address; the worker dials a fake one, which takes
@@ -84,12 +94,7 @@ async fn a_finished_streams_watcher_ends_though_the_frontend_never_closes() {
         .register::<u32>(RegisterOptions::default())
         .unwrap();
     let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut address: serde_json::Value = serde_json::from_str(&info.info).unwrap();
-    address["addr"] = fake.local_addr().unwrap().to_string().into();
-    let info = ConnectionInfo {
-        transport: info.transport,
-        info: address.to_string(),
-    };
+    let info = redirected(&info, fake.local_addr().unwrap());
     let tracker = TaskTracker::new();
     let worker = WorkerPlane::new(config(Duration::from_secs(1)), tracker.clone()).unwrap();
     let (tx, accepted) = within("connect", async {
@@ -99,7 +104,101 @@ async fn a_finished_streams_watcher_ends_though_the_frontend_never_closes() {
     let (mut tx, _wedged) = (tx.unwrap(), accepted.unwrap());
     within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
     within("send", tx.send(&1)).await.unwrap();
-    within("finish", tx.finish()).await.unwrap();
+    // The fake never said it took the stream: the finish cannot count it delivered.
+    let r = within("finish", tx.finish()).await;
+    assert!(matches!(r, Err(ResponseError::Disconnected(_))), "{r:?}");
     tracker.close();
     within("the watcher ends", tracker.wait()).await;
+}
+
+/// The classic stream's messages, written by hand: `u32` LE length (kind + payload), kind.
+fn message(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut m = u32::try_from(payload.len() + 1)
+        .unwrap()
+        .to_le_bytes()
+        .to_vec();
+    m.push(kind);
+    m.extend_from_slice(payload);
+    m
+}
+
+/// A worker played by hand: dials `info`'s frontend and names the stream.
+async fn hand_worker(info: &ConnectionInfo) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let address: serde_json::Value = serde_json::from_str(&info.info).unwrap();
+    let addr: std::net::SocketAddr = address["addr"].as_str().unwrap().parse().unwrap();
+    let mut s = within("dial", tokio::net::TcpStream::connect(addr))
+        .await
+        .unwrap();
+    let hello = serde_json::json!({ "stream": address["ticket"], "token": address["token"] });
+    s.write_all(&message(0x01, hello.to_string().as_bytes()))
+        .await
+        .unwrap();
+    s
+}
+
+/// A worker that goes silent (its host keeps the connection open and answers TCP, as a
+/// stuck or stopped process does) is noticed within the liveness bound, before and after
+/// its prologue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_worker_ends_its_classic_streams_within_the_liveness_bound() {
+    use tokio::io::AsyncWriteExt;
+    let idle = Duration::from_millis(500);
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let bound = idle * 10;
+    // Silent before its prologue.
+    let (info, pending) = frontend
+        .register::<u32>(RegisterOptions::default())
+        .unwrap();
+    let _silent = hand_worker(&info).await;
+    let r = tokio::time::timeout(bound, pending.established()).await;
+    assert!(
+        matches!(r, Ok(Err(ResponseError::Disconnected(_)))),
+        "{r:?}"
+    );
+    // Silent after an item.
+    let (info, pending) = frontend
+        .register::<u32>(RegisterOptions::default())
+        .unwrap();
+    let mut w = hand_worker(&info).await;
+    w.write_all(&message(0x02, br#"{"error":null}"#))
+        .await
+        .unwrap();
+    w.write_all(&message(0x03, &rmp_serde::to_vec(&7u32).unwrap()))
+        .await
+        .unwrap();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(within("item", rx.next()).await, Some(Ok(7)));
+    let end = tokio::time::timeout(bound, rx.next()).await;
+    assert!(
+        matches!(end, Ok(Some(Err(ResponseError::Disconnected(_))))),
+        "{end:?}"
+    );
+}
+
+/// A stream with nothing to say for several liveness periods stays up: the worker proves
+/// it is alive in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_classic_stream_outlives_the_liveness_bound() {
+    let idle = Duration::from_millis(300);
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
+    let (info, pending) = frontend
+        .register::<u32>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = within("connect", worker.connect::<u32>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    // The scenario is time passing with nothing sent (a long prefill, a slow engine).
+    tokio::time::sleep(idle * 4).await;
+    within("send", tx.send(&1)).await.unwrap();
+    assert_eq!(within("item", rx.next()).await, Some(Ok(1)));
+    within("finish", tx.finish()).await.unwrap();
+    assert_eq!(within("end", rx.next()).await, None);
 }

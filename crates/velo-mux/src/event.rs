@@ -30,14 +30,19 @@ pub enum MuxEvent {
     Writable(StreamKey),
     /// Worker: the frontend asked this stream to finish soon (graceful stop).
     StopRequested(StreamKey),
-    /// Worker: the stream was ended by the frontend or its lane. Sent exactly once per stream,
-    /// and never for a stream the worker finished or reset itself.
+    /// Worker: the stream was ended by the frontend or its lane. Sent at most once per stream:
+    /// for a stream the worker finished or reset itself, only when that end was not
+    /// delivered (the lane failed, or the frontend refused the stream, before it accepted
+    /// it; see [`Mux::end_delivery`](crate::Mux::end_delivery)).
     Closed {
         /// The stream.
         stream: StreamKey,
         /// What ended it.
         reason: CloseReason,
     },
+    /// Worker: the frontend accepted a stream this side had already finished or reset: its
+    /// end is delivered ([`Mux::end_delivery`](crate::Mux::end_delivery) says `Ok`).
+    Delivered(StreamKey),
     /// Worker: a lane whose buffer was full has room again.
     LaneWritable(LaneId),
     /// A lane failed or was closed. Its streams were told first.

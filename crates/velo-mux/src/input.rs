@@ -158,7 +158,9 @@ impl Mux {
                 Ok(())
             }
             Record::Cancel { stream, code } => {
-                if let Some(key) = self.own_stream(lane, stream)? {
+                if let Some(key) = self.awaiting_delivery(lane, stream) {
+                    self.end_undelivered(key, StreamEnd::Cancelled(code));
+                } else if let Some(key) = self.own_stream(lane, stream)? {
                     if self
                         .streams
                         .get(key)
@@ -170,10 +172,74 @@ impl Mux {
                 }
                 Ok(())
             }
+            Record::Accept { stream } => self.on_accept(lane, stream),
             _ => Err(LaneError::Protocol(
                 "a worker received a record only workers send",
             )),
         }
+    }
+
+    /// Worker: the frontend took the stream. If this side had ended it already, its end is
+    /// now known delivered ([`MuxEvent::Delivered`]).
+    fn on_accept(&mut self, lane: LaneId, id: StreamId) -> Result<(), LaneError> {
+        let key = Key {
+            index: id.slot(),
+            generation: id.generation(),
+        };
+        let Some(s) = self.streams.get_mut(key) else {
+            self.stats.stale_drops += 1;
+            return Ok(());
+        };
+        if s.lane != lane {
+            return Err(LaneError::Protocol("ACCEPT for a stream on another lane"));
+        }
+        let live = s.state.is_live();
+        let Half::Send(h) = &mut s.half else {
+            return Ok(());
+        };
+        if std::mem::replace(&mut h.accepted, true) {
+            return Err(LaneError::Protocol("a second ACCEPT for a stream"));
+        }
+        if !live && matches!(h.end, Some(StreamEnd::Finished | StreamEnd::Reset(_))) {
+            self.events.push_back(MuxEvent::Delivered(key));
+        }
+        Ok(())
+    }
+
+    /// Worker: the stream `id` names on `lane` if this side ended it and waits to learn
+    /// whether the frontend took it.
+    fn awaiting_delivery(&self, lane: LaneId, id: StreamId) -> Option<StreamKey> {
+        let key = Key {
+            index: id.slot(),
+            generation: id.generation(),
+        };
+        let s = self.streams.get(key)?;
+        let Half::Send(h) = &s.half else { return None };
+        (s.lane == lane && h.awaits_delivery()).then_some(key)
+    }
+
+    /// Worker: the end this side gave `key` was not delivered (`end`: the frontend refused
+    /// the stream, or the lane was lost, before it accepted it); said once, as
+    /// [`MuxEvent::Closed`].
+    pub(crate) fn end_undelivered(&mut self, key: StreamKey, end: StreamEnd) {
+        let Some(Stream {
+            half: Half::Send(h),
+            ..
+        }) = self.streams.get_mut(key)
+        else {
+            return;
+        };
+        let reason = match &end {
+            StreamEnd::Cancelled(code) => crate::CloseReason::Cancelled(*code),
+            StreamEnd::Lost(e) => crate::CloseReason::Lost(e.clone()),
+            _ => return,
+        };
+        h.end = Some(end);
+        self.stats.ends_undelivered += 1;
+        self.events.push_back(MuxEvent::Closed {
+            stream: key,
+            reason,
+        });
     }
 
     fn on_open(
@@ -387,6 +453,13 @@ impl Mux {
         };
         let (lane, wire) = (s.lane, s.wire);
         tracing::debug!(stream = %wire, reason, "stream protocol violation");
+        if let Some(Stream {
+            half: Half::Recv(r),
+            ..
+        }) = self.streams.get_mut(key)
+        {
+            r.answered = true;
+        }
         self.end_stream(key, Event::Violation, StreamEnd::Violation(reason));
         self.push_record(
             lane,

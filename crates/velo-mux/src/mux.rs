@@ -548,14 +548,24 @@ impl Mux {
             return;
         }
         let was_up = l.state == LaneState::Up;
-        let on_lane: Vec<StreamKey> = self
+        let on_lane: Vec<(StreamKey, bool)> = self
             .streams
             .iter()
-            .filter(|(_, s)| s.lane == lane && s.state.is_live())
-            .map(|(k, _)| k)
+            .filter(|(_, s)| s.lane == lane)
+            .filter_map(|(k, s)| match &s.half {
+                _ if s.state.is_live() => Some((k, true)),
+                // Ended by this worker before the frontend accepted it: not delivered.
+                Half::Send(h) if h.awaits_delivery() => Some((k, false)),
+                _ => None,
+            })
             .collect();
-        for key in on_lane {
-            self.end_stream(key, Event::LaneLost, StreamEnd::Lost(error.clone()));
+        for (key, live) in on_lane {
+            let end = StreamEnd::Lost(error.clone());
+            if live {
+                self.end_stream(key, Event::LaneLost, end);
+            } else {
+                self.end_undelivered(key, end);
+            }
         }
         let l = &mut self.lanes[i];
         l.tx.discard();

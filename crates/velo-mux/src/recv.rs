@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use velo_wire::{CancelCode, Record};
 
+use crate::lane::LaneState;
 use crate::state::{Event, State};
 use crate::stream::Half;
 use crate::{LaneId, Mux, StreamEnd, StreamKey};
@@ -120,15 +121,57 @@ impl Mux {
         let (lane, wire, live) = (s.lane, s.wire, s.state.is_live());
         let Half::Recv(r) = &mut s.half else { return };
         if !live {
+            // The worker ended it already; if we never answered its OPEN, the worker is
+            // waiting to learn whether its end was delivered: it was not.
+            if !std::mem::replace(&mut r.answered, true) {
+                if code != CancelCode::CANCELLED {
+                    self.stats.streams_refused += 1;
+                }
+                self.push_control(now, lane, &Record::Cancel { stream: wire, code });
+            }
             return;
         }
         r.queue.clear();
         r.final_queued = false;
+        r.answered = true;
         if code != CancelCode::CANCELLED {
             self.stats.streams_refused += 1;
         }
         self.end_stream(key, Event::Cancel, StreamEnd::Cancelled(code));
         self.push_record(lane, &Record::Cancel { stream: wire, code }, true);
+        self.update_ready(lane, now);
+    }
+
+    /// Frontend: takes a stream the worker opened ([`MuxEvent::Opened`](crate::MuxEvent)):
+    /// tells the worker with ACCEPT that from now on this side reports the stream's end to
+    /// its reader, whatever happens to the lane. Answer every OPEN with this or
+    /// [`cancel`](Self::cancel) (releasing an unanswered stream cancels it). The ACCEPT
+    /// rides on the lane's next batch, or goes within the grant delay. Does nothing after
+    /// the first answer or on a lane that is gone.
+    pub fn accept_stream(&mut self, now: Instant, key: StreamKey) {
+        let Some(s) = self.streams.get_mut(key) else {
+            return;
+        };
+        let (lane, wire) = (s.lane, s.wire);
+        let Half::Recv(r) = &mut s.half else { return };
+        if std::mem::replace(&mut r.answered, true) {
+            return;
+        }
+        self.push_control(now, lane, &Record::Accept { stream: wire });
+    }
+
+    /// Queues a small frontend record that may wait for the grant delay (or ride on an
+    /// earlier batch), on a lane that is still up.
+    fn push_control(&mut self, now: Instant, lane: LaneId, record: &Record) {
+        let i = usize::from(lane.0);
+        if self.lanes.get(i).is_none_or(|l| l.state != LaneState::Up) {
+            return;
+        }
+        self.push_record(lane, record, false);
+        let tx = &mut self.lanes[i].tx;
+        let deadline = now + self.config.grant_delay;
+        tx.rearm |= tx.grant_deadline.is_none();
+        tx.grant_deadline = Some(tx.grant_deadline.map_or(deadline, |d| d.min(deadline)));
         self.update_ready(lane, now);
     }
 

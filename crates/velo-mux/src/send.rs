@@ -76,6 +76,7 @@ impl Mux {
                 seq: 0,
                 blocked: false,
                 end: None,
+                accepted: false,
             }),
         };
         let key = self
@@ -227,15 +228,15 @@ impl Mux {
             return;
         };
         let (lane, wire, live) = (s.lane, s.wire, s.state.is_live());
-        if live {
-            match s.half {
-                Half::Send(_) => {
-                    // Live, so the reset cannot fail; nothing to report if it did.
-                    let _ =
-                        self.reset(now, key, RESET_DROPPED, "stream dropped before it finished");
-                }
-                Half::Recv(_) => self.cancel(now, key, velo_wire::CancelCode::CANCELLED),
+        match s.half {
+            Half::Send(_) if live => {
+                // Live, so the reset cannot fail; nothing to report if it did.
+                let _ = self.reset(now, key, RESET_DROPPED, "stream dropped before it finished");
             }
+            Half::Send(_) => {}
+            // Live: cancelled. Ended by the worker but never answered: refused, so the worker
+            // learns its end was not taken.
+            Half::Recv(_) => self.cancel(now, key, velo_wire::CancelCode::CANCELLED),
         }
         if self.config.side == Side::Frontend
             && let Some(l) = self.lanes.get_mut(usize::from(lane.0))
@@ -258,6 +259,22 @@ impl Mux {
         match &self.streams.get(key)?.half {
             Half::Send(h) => h.end.clone(),
             Half::Recv(_) => None,
+        }
+    }
+
+    /// Worker: whether the end this side gave a stream ([`finish`](Self::finish) or
+    /// [`reset`](Self::reset)) reached the frontend: `Some(Ok(()))` once the frontend has
+    /// accepted the stream (before or after the end); `Some(Err(end))` when the lane failed
+    /// or the frontend refused the stream first, so the frontend may never have seen it;
+    /// `None` while the answer is on its way ([`MuxEvent::Delivered`](crate::MuxEvent) or
+    /// [`MuxEvent::Closed`](crate::MuxEvent) follows) or for a stream still live.
+    pub fn end_delivery(&self, key: StreamKey) -> Option<Result<(), StreamEnd>> {
+        let s = self.streams.get(key)?;
+        let Half::Send(h) = &s.half else { return None };
+        match h.end.as_ref()? {
+            StreamEnd::Finished | StreamEnd::Reset(_) if h.accepted => Some(Ok(())),
+            StreamEnd::Finished | StreamEnd::Reset(_) => None,
+            other => Some(Err(other.clone())),
         }
     }
 

@@ -96,6 +96,9 @@ counters! {
     heartbeats_sent,
     /// Records dropped because they named a stream that is gone (stale generation).
     stale_drops,
+    /// Worker: streams this side ended (FINAL or ERROR) before the frontend accepted them,
+    /// whose lane failed or that the frontend refused first: their end was not delivered.
+    ends_undelivered,
     /// Frontend: records naming a stream the worker had already ended with FINAL or ERROR.
     records_after_end,
     /// Streams opened (worker) or accepted (frontend).

@@ -38,6 +38,17 @@ pub(crate) struct SendHalf {
     pub(crate) blocked: bool,
     /// Why the stream ended, once it has.
     pub(crate) end: Option<StreamEnd>,
+    /// The frontend answered the OPEN with ACCEPT: it now reports the stream's end to its
+    /// reader whatever happens to the lane, so an end this side sends counts as delivered.
+    pub(crate) accepted: bool,
+}
+
+impl SendHalf {
+    /// This side ended the stream before the frontend accepted it: whether the end was
+    /// delivered is not known yet.
+    pub(crate) fn awaits_delivery(&self) -> bool {
+        !self.accepted && matches!(self.end, Some(StreamEnd::Finished | StreamEnd::Reset(_)))
+    }
 }
 
 /// Frontend side: received items waiting for the application, and credit accounting.
@@ -70,6 +81,8 @@ pub(crate) struct RecvHalf {
     pub(crate) in_grant_list: bool,
     /// STOP was sent.
     pub(crate) stop_sent: bool,
+    /// The OPEN was answered (ACCEPT or CANCEL sent): the worker knows whether we took it.
+    pub(crate) answered: bool,
 }
 
 impl RecvHalf {
@@ -86,6 +99,7 @@ impl RecvHalf {
             readable_signalled: false,
             in_grant_list: false,
             stop_sent: false,
+            answered: false,
         }
     }
 

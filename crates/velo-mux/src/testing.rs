@@ -57,6 +57,9 @@ pub struct Pair {
     pub frontend_events: VecDeque<MuxEvent>,
     /// Frontend streams by the ticket their OPEN carried.
     pub accepted: HashMap<u64, StreamKey>,
+    /// Whether the frontend accepts every stream as its OPEN arrives (as a driver whose
+    /// registrations all match does); `false` leaves the answer to the test.
+    pub auto_accept: bool,
     /// Lane errors seen by (worker, frontend).
     pub lane_errors: Vec<(Side, LaneId, LaneError)>,
     next_ticket: u64,
@@ -92,6 +95,7 @@ impl Pair {
             worker_events: VecDeque::new(),
             frontend_events: VecDeque::new(),
             accepted: HashMap::new(),
+            auto_accept: true,
             lane_errors: Vec::new(),
             next_ticket: 1,
             chunks: Vec::new(),
@@ -452,6 +456,9 @@ impl Pair {
         while let Some(e) = self.frontend.poll_event() {
             if let MuxEvent::Opened { stream, ticket, .. } = &e {
                 self.accepted.insert(*ticket, *stream);
+                if self.auto_accept {
+                    self.frontend.accept_stream(self.now, *stream);
+                }
             }
             self.frontend_events.push_back(e);
         }

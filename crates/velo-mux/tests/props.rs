@@ -62,6 +62,9 @@ struct Model {
     delivered: Vec<Vec<u8>>,
     frontend_ends: Vec<StreamEnd>,
     worker_closed: usize,
+    /// Times the worker was told whether the end it gave the stream was delivered
+    /// (`Delivered`, or `Closed` after its own end): at most once.
+    delivery_told: usize,
     worker_ended_locally: bool,
     receiver_dropped: bool,
     sender_dropped: bool,
@@ -242,9 +245,21 @@ impl World {
 
     fn absorb_events(&mut self) {
         while let Some(e) = self.pair.worker_events.pop_front() {
-            if let MuxEvent::Closed { stream, .. } = e {
-                let i = self.by_worker_key[&stream];
-                self.streams[i].worker_closed += 1;
+            match e {
+                MuxEvent::Closed { stream, .. } => {
+                    let m = &mut self.streams[self.by_worker_key[&stream]];
+                    if m.worker_ended_locally {
+                        m.delivery_told += 1;
+                    } else {
+                        m.worker_closed += 1;
+                    }
+                }
+                MuxEvent::Delivered(stream) => {
+                    let m = &mut self.streams[self.by_worker_key[&stream]];
+                    assert!(m.worker_ended_locally, "Delivered for an end never sent");
+                    m.delivery_told += 1;
+                }
+                _ => {}
             }
         }
         self.pair.frontend_events.clear();
@@ -280,6 +295,11 @@ impl World {
                 "stream {i}: ended {} times on the worker",
                 m.worker_closed + usize::from(m.worker_ended_locally)
             );
+            prop_assert!(
+                m.delivery_told <= 1,
+                "stream {i}: told {} times whether its end was delivered",
+                m.delivery_told
+            );
             if m.frontend_ends.first() == Some(&StreamEnd::Finished) {
                 prop_assert_eq!(
                     m.delivered.len(),
@@ -307,6 +327,12 @@ impl World {
         self.check()?;
         for (i, m) in self.streams.iter().enumerate() {
             let Some(wkey) = m.worker else { continue };
+            if m.worker_ended_locally && !m.sender_dropped {
+                prop_assert!(
+                    self.pair.worker.end_delivery(wkey).is_some(),
+                    "stream {i}: the worker still waits to learn whether its end was delivered"
+                );
+            }
             let Some(fkey) = self.frontend_key(i) else {
                 continue;
             };

@@ -85,6 +85,10 @@ pub enum StreamError {
     /// The stream has ended (finished, cancelled by the peer, lane lost, ...).
     #[error("stream closed: {0}")]
     Closed(StreamEnd),
+    /// The stream's end may never have reached the frontend: the frontend had not accepted
+    /// the stream when its lane failed (`Lost`) or it refused the stream (`Cancelled`).
+    #[error("the stream's end was not delivered: {0}")]
+    Undelivered(StreamEnd),
     /// The stream could not be opened.
     #[error("cannot open stream: {0}")]
     Open(#[from] OpenError),

@@ -453,6 +453,12 @@ impl PeerState {
                         self.to_wake.append(&mut w.closed);
                     }
                 }
+                MuxEvent::Delivered(k) => {
+                    // A finishing sender waits on its send waker.
+                    if let Some(w) = wakers_of(&mut self.wakers, k).and_then(|w| w.send.take()) {
+                        self.to_wake.push(w);
+                    }
+                }
                 MuxEvent::LaneWritable(lane) => self.wake_lane_waiters(lane),
                 MuxEvent::LaneClosed { lane, error } => {
                     tracing::debug!(%lane, %error, "lane closed");

@@ -150,8 +150,20 @@ impl IncomingStream {
         &self.prologue
     }
 
-    /// Takes the stream.
+    /// Tells the worker the stream is taken (ACCEPT), keeping it here: from now on this side
+    /// reports the stream's end to whoever reads it, and the worker counts its end as
+    /// delivered. Call it as soon as the stream has a consumer; [`accept`](Self::accept)
+    /// does it too. Idempotent.
+    pub fn confirm(&self) {
+        if let Some(s) = &self.stream {
+            let key = s.key;
+            s.peer.with(|st, now| st.mux.accept_stream(now, key));
+        }
+    }
+
+    /// Takes the stream (confirming it to the worker, if not done yet).
     pub fn accept(mut self) -> RecvStream {
+        self.confirm();
         self.stream
             .take()
             .expect("an incoming stream is taken once")

@@ -80,18 +80,42 @@ impl SendStream {
         self.poll_with(cx, |st, now, key| st.mux.send(now, key, item))
     }
 
-    /// Ends the stream cleanly with `last` as its final item (or empty). Never waits for
-    /// credit: the terminal record has its own.
+    /// Ends the stream cleanly with `last` as its final item (or empty), and returns once
+    /// the end is known delivered: the frontend has accepted the stream, so it reports the
+    /// end (or the lane's loss) to its reader. That is at once for a stream whose ACCEPT
+    /// came before; otherwise when it arrives (about a round trip after the OPEN). Never
+    /// waits for credit: the terminal record has its own.
     ///
     /// # Errors
     ///
-    /// [`StreamError::Closed`] if the stream had already ended.
+    /// [`StreamError::Closed`] if the stream had already ended;
+    /// [`StreamError::Undelivered`] if the lane failed, or the frontend refused the stream,
+    /// before it accepted it: the frontend may never have seen the stream, so fail or retry
+    /// the request through the request path.
     pub async fn finish(mut self, last: Bytes) -> Result<(), StreamError> {
         let r =
             poll_fn(|cx| self.poll_with(cx, |st, now, key| st.mux.finish(now, key, last.clone())))
                 .await;
+        let r = match r {
+            Ok(()) => poll_fn(|cx| self.poll_delivered(cx)).await,
+            Err(e) => Err(e),
+        };
         self.release();
         r
+    }
+
+    /// Polls whether the end this side gave the stream was delivered.
+    fn poll_delivered(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamError>> {
+        let key = self.key;
+        self.peer.with(|st, _| match st.mux.end_delivery(key) {
+            Some(Ok(())) => Poll::Ready(Ok(())),
+            Some(Err(end)) => Poll::Ready(Err(StreamError::Undelivered(end))),
+            None => {
+                // `Delivered` and `Closed` wake the send waker.
+                Peer::register(st, key, WakeOn::Send, cx.waker());
+                Poll::Pending
+            }
+        })
     }
 
     /// Ends the stream abnormally with an application error code and message.

@@ -8,8 +8,8 @@ use crate::{CancelCode, ErrorCode, GoAwayCode, StreamId, Token, WireError};
 /// One record inside a batch frame.
 ///
 /// Records flow in two directions. The opener of a stream (the worker) sends `Open`, `Data`,
-/// `Final` and `Error`; the acceptor (the frontend) answers with `Stop`, `Cancel` and
-/// `Credit`. All of them name the stream by the opener's [`StreamId`]. `Heartbeat` and
+/// `Final` and `Error`; the acceptor (the frontend) answers with `Accept`, `Stop`, `Cancel`
+/// and `Credit`. All of them name the stream by the opener's [`StreamId`]. `Heartbeat` and
 /// `GoAway` concern the whole lane or connection and flow both ways.
 ///
 /// Payloads are [`Bytes`] slices of the received batch: decoding copies nothing.
@@ -53,6 +53,12 @@ pub enum Record {
         /// A human-readable message.
         message: String,
     },
+    /// The acceptor took the stream: from now on it reports the stream's end to its reader
+    /// whatever happens to the lane. Every `Open` is answered by `Accept` or `Cancel`.
+    Accept {
+        /// The stream.
+        stream: StreamId,
+    },
     /// The acceptor asks the opener to finish soon (graceful cancellation).
     Stop {
         /// The stream.
@@ -92,6 +98,7 @@ pub(crate) mod kind {
     pub(crate) const CREDIT: u8 = 0x07;
     pub(crate) const HEARTBEAT: u8 = 0x08;
     pub(crate) const GOAWAY: u8 = 0x09;
+    pub(crate) const ACCEPT: u8 = 0x0a;
 }
 
 /// Which of the two payload-carrying record kinds to encode.
@@ -184,6 +191,7 @@ impl Record {
             | Self::Data { stream, .. }
             | Self::Final { stream, .. }
             | Self::Error { stream, .. }
+            | Self::Accept { stream }
             | Self::Stop { stream }
             | Self::Cancel { stream, .. }
             | Self::Credit { stream, .. } => Some(*stream),
@@ -198,6 +206,7 @@ impl Record {
             Self::Data { .. } => "data",
             Self::Final { .. } => "final",
             Self::Error { .. } => "error",
+            Self::Accept { .. } => "accept",
             Self::Stop { .. } => "stop",
             Self::Cancel { .. } => "cancel",
             Self::Credit { .. } => "credit",
@@ -248,6 +257,7 @@ impl Record {
                 varint::put_u64(dst, u64::from(len_u32(message.as_bytes())));
                 dst.put_slice(message.as_bytes());
             }
+            Self::Accept { stream } => put_stream_header(dst, kind::ACCEPT, *stream),
             Self::Stop { stream } => put_stream_header(dst, kind::STOP, *stream),
             Self::Cancel { stream, code } => {
                 put_stream_header(dst, kind::CANCEL, *stream);
@@ -291,7 +301,7 @@ impl Record {
                 code,
                 message,
             } => 1 + stream_len(stream) + varint::len_u32(code.0) + blob(message.as_bytes()),
-            Self::Stop { stream } => 1 + stream_len(stream),
+            Self::Accept { stream } | Self::Stop { stream } => 1 + stream_len(stream),
             Self::Cancel { stream, code } => 1 + stream_len(stream) + varint::len_u32(code.0),
             Self::Credit { stream, grant } => 1 + stream_len(stream) + varint::len_u32(*grant),
             Self::Heartbeat => 1,
@@ -320,6 +330,12 @@ impl Record {
             kind::STOP => {
                 c.record = "stop";
                 Self::Stop {
+                    stream: c.stream()?,
+                }
+            }
+            kind::ACCEPT => {
+                c.record = "accept";
+                Self::Accept {
                     stream: c.stream()?,
                 }
             }

@@ -86,8 +86,9 @@ fn expected_frames() -> BTreeMap<&'static str, Frame> {
             ])),
         ),
         (
-            "batch-credit-stop-heartbeat",
+            "batch-accept-credit-stop-heartbeat",
             Frame::Batch(Batch::from_records(&[
+                Record::Accept { stream: s01 },
                 Record::Credit {
                     stream: s01,
                     grant: 16,

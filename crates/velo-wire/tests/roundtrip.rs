@@ -36,6 +36,7 @@ fn record() -> impl Strategy<Value = Record> {
         1 => (stream_id(), any::<u32>(), ".{0,40}")
             .prop_map(|(stream, code, message)| Record::Error { stream, code: ErrorCode(code), message }),
         1 => stream_id().prop_map(|stream| Record::Stop { stream }),
+        1 => stream_id().prop_map(|stream| Record::Accept { stream }),
         1 => (stream_id(), any::<u32>()).prop_map(|(stream, code)| Record::Cancel { stream, code: CancelCode(code) }),
         1 => (stream_id(), 1u32..).prop_map(|(stream, grant)| Record::Credit { stream, grant }),
         1 => Just(Record::Heartbeat),

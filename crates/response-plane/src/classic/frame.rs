@@ -14,6 +14,13 @@ pub(crate) const PROLOGUE: u8 = 0x02;
 pub(crate) const DATA: u8 = 0x03;
 /// Worker to frontend: the end (the final item was the last DATA).
 pub(crate) const SENTINEL: u8 = 0x04;
+/// Worker to frontend: proof of life, sent when the worker has written nothing for a third
+/// of the liveness bound; the frontend skips it.
+pub(crate) const HEARTBEAT: u8 = 0x05;
+/// Frontend to worker: the frontend matched the connection to its registration and took the
+/// stream: from now on it reports the stream's end to its reader. A worker's finish counts
+/// as delivered only after this.
+pub(crate) const ACCEPTED: u8 = 0x12;
 /// Frontend to worker: stop soon.
 pub(crate) const STOP: u8 = 0x10;
 /// Frontend to worker: stop now.

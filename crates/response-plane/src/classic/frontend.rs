@@ -13,16 +13,20 @@ use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
+use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, KILL, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
 use crate::{Cause, Disconnect, ProtocolViolation, ResponseError, prologue};
 
-/// Time a new connection has to name its stream.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Least time a new connection has to name its stream; the liveness bound when longer. A
+/// busy worker can take seconds to write its first message after its connect completed (a
+/// burst of thousands of streams on a loaded host did, at 5 s): the name is the first thing
+/// it sends, so this is the same silence as any other.
+const MIN_HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 /// Listen backlog of the classic listener.
 const BACKLOG: u32 = 4096;
 /// Largest handshake message, in bytes.
@@ -117,9 +121,10 @@ async fn handshake(
         return;
     }
     let mut buf = BytesMut::with_capacity(256);
+    let wait = liveness.max(MIN_HANDSHAKE_WAIT);
     let read = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        read_message(&mut stream, &mut buf, MAX_HANDSHAKE),
+        wait,
+        read_message(&mut stream, &mut buf, MAX_HANDSHAKE, wait),
     )
     .await;
     let Ok(Ok((HANDSHAKE, body))) = read else {
@@ -136,31 +141,48 @@ async fn handshake(
         return;
     };
     match registry.claim(h.stream, &token) {
-        Ok(tx) => {
-            // If the pending handle is gone the connection is dropped: the worker sees its end.
-            let _ = tx.send(Arrival::Classic(Incoming { stream, buf, max }));
+        Ok(tx) if !tx.is_closed() => {
+            // Taken: the worker may count its end delivered from now on, since the pending
+            // handle reports whatever happens to the connection.
+            if stream.write_all(&frame::header(ACCEPTED, 0)).await.is_err() {
+                return;
+            }
+            let incoming = Incoming {
+                stream,
+                buf,
+                max,
+                idle: liveness,
+            };
+            // If the pending handle went away meanwhile the connection is dropped: the
+            // worker sees its end.
+            let _ = tx.send(Arrival::Classic(incoming));
         }
-        Err(_) => {
+        // The pending handle is already gone, or the ticket is not one we hold.
+        Ok(_) | Err(_) => {
             refused.fetch_add(1, Ordering::Relaxed);
             let _ = stream.write_all(&frame::header(KILL, 0)).await;
         }
     }
 }
 
+/// The next message other than a heartbeat; a peer silent for `idle` is lost.
 async fn read_message(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     max: u32,
+    idle: Duration,
 ) -> Result<(u8, BytesMut), ResponseError> {
     use tokio::io::AsyncReadExt;
     loop {
-        if let Some(m) = frame::decode(buf, max)? {
-            return Ok(m);
+        match frame::decode(buf, max)? {
+            Some((HEARTBEAT, _)) => continue,
+            Some(m) => return Ok(m),
+            None => {}
         }
         buf.reserve(4096);
-        let n = stream
-            .read_buf(buf)
+        let n = tokio::time::timeout(idle, stream.read_buf(buf))
             .await
+            .map_err(|_| ResponseError::lost(Cause::timeout(idle)))?
             .map_err(|e| ResponseError::lost(Cause::io(e)))?;
         if n == 0 {
             return Err(ResponseError::Disconnected(Disconnect::Closed));
@@ -173,12 +195,15 @@ pub(crate) struct Incoming {
     stream: TcpStream,
     buf: BytesMut,
     max: u32,
+    /// The liveness bound: a worker silent this long (no item, no heartbeat) is lost.
+    idle: Duration,
 }
 
 impl Incoming {
     /// Reads the prologue: the stream, or the worker's refusal.
     pub(crate) async fn prologue(mut self) -> Result<ClassicReader, ResponseError> {
-        let (kind, body) = read_message(&mut self.stream, &mut self.buf, self.max).await?;
+        let (kind, body) =
+            read_message(&mut self.stream, &mut self.buf, self.max, self.idle).await?;
         if kind != PROLOGUE {
             return Err(ResponseError::Protocol(
                 ProtocolViolation::ExpectedPrologue { kind },
@@ -192,6 +217,9 @@ impl Incoming {
             buf: self.buf,
             max: self.max,
             ended: false,
+            idle: self.idle,
+            last_rx: Instant::now(),
+            silence: Box::pin(tokio::time::sleep(self.idle)),
         })
     }
 }
@@ -205,6 +233,11 @@ pub(crate) struct ClassicReader {
     buf: BytesMut,
     max: u32,
     ended: bool,
+    /// The liveness bound, and when a byte last arrived: a worker silent for `idle` (no
+    /// item, no heartbeat) is lost, though its host still answers TCP.
+    idle: Duration,
+    last_rx: Instant,
+    silence: Pin<Box<Sleep>>,
 }
 
 impl ClassicReader {
@@ -223,6 +256,7 @@ impl ClassicReader {
                     return Poll::Ready(Some(Err(e)));
                 }
                 Ok(Some((DATA, item))) => return Poll::Ready(Some(Ok(item.freeze()))),
+                Ok(Some((HEARTBEAT, _))) => continue,
                 Ok(Some((SENTINEL, _))) => {
                     self.ended = true;
                     self.write = None;
@@ -244,11 +278,8 @@ impl ClassicReader {
             if self.buf.capacity() - self.buf.len() < 1024 {
                 self.buf.reserve(16 * 1024);
             }
-            let n = match ready!(tokio_util::io::poll_read_buf(
-                Pin::new(&mut self.read),
-                cx,
-                &mut self.buf
-            )) {
+            let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.read), cx, &mut self.buf);
+            let n = match ready!(self.unless_silent(read, cx)) {
                 Ok(n) => n,
                 Err(e) => {
                     self.ended = true;
@@ -259,7 +290,28 @@ impl ClassicReader {
                 self.ended = true;
                 return Poll::Ready(Some(Err(ResponseError::Disconnected(Disconnect::Closed))));
             }
+            self.last_rx = Instant::now();
         }
+    }
+
+    /// `read`, or a timeout error once the worker has been silent for the liveness bound.
+    fn unless_silent(
+        &mut self,
+        read: Poll<std::io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<usize>> {
+        if read.is_ready() {
+            return read;
+        }
+        let deadline = self.last_rx + self.idle;
+        if self.silence.deadline() != deadline {
+            self.silence.as_mut().reset(deadline);
+        }
+        ready!(self.silence.as_mut().poll(cx));
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the worker sent nothing for {:?}", self.idle),
+        )))
     }
 
     /// Asks the worker to stop (best effort: a 5-byte write into an idle socket).

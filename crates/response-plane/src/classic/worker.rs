@@ -1,21 +1,22 @@
 //! Classic plane, worker side: a connection per stream, one write per item.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::Notify;
+use tokio::sync::{Mutex, Notify};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::frame::{self, DATA, HANDSHAKE, KILL, PROLOGUE, SENTINEL, STOP};
+use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, KILL, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
 use crate::info::{StreamAddress, hex_token};
-use crate::{Cause, ResponseError};
+use crate::{Cause, Disconnect, ResponseError};
 
 /// Time to connect to the frontend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -35,6 +36,11 @@ pub(crate) struct ClassicControl {
     /// Cancelled when the writer is dropped: the watcher gives the frontend a bounded time
     /// to close, then stops.
     writer_gone: CancellationToken,
+    /// The frontend took the stream (ACCEPTED): the end the worker sends is delivered.
+    accepted: AtomicBool,
+    /// When the writer last wrote, in ms after the stream's epoch: heartbeats go out only
+    /// after a third of the liveness bound without writes.
+    last_write_ms: AtomicU64,
 }
 
 impl ClassicControl {
@@ -66,6 +72,28 @@ impl ClassicControl {
 
     pub(crate) async fn killed(&self) {
         self.wait(KILLED).await;
+    }
+
+    /// Whether the frontend took the stream: `true` once it said so, `false` if the
+    /// connection ended (or was killed) first.
+    async fn answered(&self) -> bool {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.accepted.load(Ordering::Acquire) {
+                return true;
+            }
+            if self.is_killed() {
+                return false;
+            }
+            notified.await;
+        }
+    }
+
+    fn accept(&self) {
+        self.accepted.store(true, Ordering::Release);
+        self.changed.notify_waiters();
     }
 
     /// Ends the watch from this side (the plane closed, or the stream is over): waiters see
@@ -142,11 +170,15 @@ impl ClassicDialer {
         set_liveness(&stream, self.liveness).map_err(unreachable)?;
         let (read, write) = stream.into_split();
         let control = Arc::new(ClassicControl::default());
+        let write = Arc::new(Mutex::new(write));
+        let epoch = Instant::now();
         let watch = Watch {
             control: control.clone(),
             cancellations: self.cancellations.clone(),
             stop: self.stop.child_token(),
             linger: self.liveness,
+            write: Arc::downgrade(&write),
+            epoch,
         };
         self.tracker.spawn(watch.run(read));
         let mut w = ClassicWriter {
@@ -154,6 +186,8 @@ impl ClassicDialer {
             control,
             out: Vec::with_capacity(256),
             max: self.max,
+            liveness: self.liveness,
+            epoch,
         };
         let handshake =
             serde_json::json!({ "stream": addr.ticket, "token": hex_token(&addr.token()?) });
@@ -165,10 +199,15 @@ impl ClassicDialer {
 
 /// One classic stream's sending side.
 pub(crate) struct ClassicWriter {
-    write: OwnedWriteHalf,
+    /// Shared with the watcher, which writes heartbeats while this side is quiet (it holds
+    /// only a weak reference: dropping the writer closes the connection's sending side).
+    write: Arc<Mutex<OwnedWriteHalf>>,
     control: Arc<ClassicControl>,
     out: Vec<u8>,
     max: u32,
+    /// How long a finish waits for the frontend to say it took the stream.
+    liveness: Duration,
+    epoch: Instant,
 }
 
 impl ClassicWriter {
@@ -188,14 +227,28 @@ impl ClassicWriter {
         self.send_message(DATA, item).await
     }
 
-    /// The sentinel, then the end of the connection.
+    /// The sentinel, then the end of the connection's sending side; returns once the
+    /// frontend has taken the stream (its ACCEPTED, sent as soon as it matched the
+    /// connection, usually long before).
+    ///
+    /// # Errors
+    ///
+    /// `Disconnected` if the connection ended, or the liveness bound passed, before the
+    /// frontend took the stream: it may never have seen it.
     pub(crate) async fn finish(&mut self) -> Result<(), ResponseError> {
         self.control.finished.store(true, Ordering::Release);
         self.send_message(SENTINEL, &[]).await?;
         self.write
+            .lock()
+            .await
             .shutdown()
             .await
-            .map_err(|e| ResponseError::lost(Cause::io(e)))
+            .map_err(|e| ResponseError::lost(Cause::io(e)))?;
+        match tokio::time::timeout(self.liveness, self.control.answered()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ResponseError::Disconnected(Disconnect::Closed)),
+            Err(_) => Err(ResponseError::lost(Cause::timeout(self.liveness))),
+        }
     }
 
     async fn send_message(&mut self, kind: u8, payload: &[u8]) -> Result<(), ResponseError> {
@@ -210,7 +263,9 @@ impl ClassicWriter {
         self.out
             .extend_from_slice(&frame::header(kind, payload.len()));
         self.out.extend_from_slice(payload);
-        match self.write.write_all(&self.out).await {
+        let written = self.write.lock().await.write_all(&self.out).await;
+        self.control.wrote(self.epoch);
+        match written {
             Ok(()) => Ok(()),
             Err(_) if self.control.is_killed() => Err(ResponseError::Cancelled { graceful: false }),
             Err(e) => Err(ResponseError::lost(Cause::io(e))),
@@ -225,14 +280,18 @@ impl Drop for ClassicWriter {
     }
 }
 
-/// One stream's watcher: the frontend's control messages, for the engine.
+/// One stream's watcher: the frontend's control messages, for the engine; and the worker's
+/// heartbeats while its writer is quiet.
 struct Watch {
     control: Arc<ClassicControl>,
     cancellations: Arc<AtomicU64>,
     /// The plane closed or aborted.
     stop: CancellationToken,
-    /// How long the frontend has to close once the writer is gone.
+    /// How long the frontend has to close once the writer is gone; a third of it is the
+    /// heartbeat interval.
     linger: Duration,
+    write: Weak<Mutex<OwnedWriteHalf>>,
+    epoch: Instant,
 }
 
 impl Watch {
@@ -246,7 +305,9 @@ impl Watch {
         };
         // Cancel safety: whichever branch wins, the others are dropped and the watch ends; a
         // read in flight loses nothing anyone still needs.
+        let heartbeats = heartbeats(&self.control, &self.write, self.epoch, self.linger / 3);
         tokio::select! {
+            () = heartbeats => {}
             () = read_control(&mut read, &self.control, &self.cancellations) => {
                 self.control.raise(KILLED, &self.cancellations);
             }
@@ -258,6 +319,46 @@ impl Watch {
             () = gone => self.control.end(),
         }
     }
+}
+
+impl ClassicControl {
+    /// The writer wrote just now.
+    fn wrote(&self, epoch: Instant) {
+        let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_write_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// Writes a HEARTBEAT whenever the writer has been quiet for `every`, until the writer is
+/// gone or has finished; never returns (the watch's other branches end it).
+async fn heartbeats(
+    control: &ClassicControl,
+    write: &Weak<Mutex<OwnedWriteHalf>>,
+    epoch: Instant,
+    every: Duration,
+) {
+    loop {
+        let last_ms = control.last_write_ms.load(Ordering::Relaxed);
+        let due = epoch + Duration::from_millis(last_ms) + every;
+        if Instant::now() < due {
+            tokio::time::sleep_until(due).await;
+            continue;
+        }
+        let Some(write) = write.upgrade() else { break };
+        if control.finished.load(Ordering::Acquire) {
+            break;
+        }
+        let mut w = write.lock().await;
+        // A write in progress when the lock was taken moved `last`: heartbeat only if not.
+        if control.last_write_ms.load(Ordering::Relaxed) == last_ms
+            && w.write_all(&frame::header(HEARTBEAT, 0)).await.is_err()
+        {
+            break;
+        }
+        drop(w);
+        control.wrote(epoch);
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Reads the frontend's control messages (stop, kill) until the connection ends; the end
@@ -272,6 +373,10 @@ async fn read_control(
         match frame::decode(&mut buf, 0) {
             Ok(Some((STOP, _))) => {
                 control.raise(STOPPED, cancellations);
+                continue;
+            }
+            Ok(Some((ACCEPTED, _))) => {
+                control.accept();
                 continue;
             }
             Ok(Some((KILL, _))) => return,
@@ -313,7 +418,7 @@ mod tests {
         let to = address(listener.local_addr().unwrap());
         let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
         let (w, _frontend) = (w.unwrap(), accepted.unwrap());
-        crate::classic::socket::assert_liveness(w.write.as_ref(), bound);
+        crate::classic::socket::assert_liveness(w.write.lock().await.as_ref(), bound);
         dialer.stop();
     }
 }

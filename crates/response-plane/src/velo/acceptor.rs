@@ -17,6 +17,9 @@ impl Acceptor for RegistryAcceptor {
     fn accept(&self, incoming: IncomingStream) {
         match self.registry.claim(incoming.ticket(), &incoming.token().0) {
             Ok(tx) => {
+                // The registration takes it: the worker learns the stream arrived, so its
+                // finish can count it delivered (the pending handle reports its end now).
+                incoming.confirm();
                 if let Err(Arrival::Velo(incoming)) = tx.send(Arrival::Velo(incoming)) {
                     // The pending handle went away while the stream was on its way: the
                     // cancellation still reaches the engine.

@@ -155,11 +155,18 @@ impl<T: Serialize> ResponseSender<T> {
         }
     }
 
-    /// Ends the stream cleanly (the `complete_final` end).
+    /// Ends the stream cleanly (the `complete_final` end), and returns once the frontend has
+    /// the stream: from then on it reports the stream's end to its reader, whatever happens
+    /// to the connection. On the velo plane that is at once for any stream the frontend took
+    /// before (its ACCEPT came back about a round trip after the prologue); a stream finished
+    /// sooner waits for that answer.
     ///
     /// # Errors
     ///
-    /// `Cancelled` or `Disconnected` if the stream had already ended.
+    /// `Cancelled` or `Disconnected` if the stream had already ended, or if the frontend
+    /// refused it or the connection failed before the frontend took it: the frontend may
+    /// never have seen the stream, so fail (or retry) the request through the request path
+    /// rather than count it served.
     pub async fn finish(mut self) -> Result<(), ResponseError> {
         let r = self.end().await;
         self.account(&r);

@@ -187,8 +187,10 @@ impl World {
         super::bounds::check_event_queue(&self.worker);
         super::bounds::check_event_queue(&self.frontend);
         while let Some(event) = self.worker.poll_event() {
-            if let MuxEvent::Closed { stream, .. } = event {
-                self.model.worker_closed(stream);
+            match event {
+                MuxEvent::Closed { stream, .. } => self.model.worker_closed(stream),
+                MuxEvent::Delivered(stream) => self.model.worker_delivered(stream),
+                _ => {}
             }
         }
         while let Some(event) = self.frontend.poll_event() {
@@ -198,12 +200,15 @@ impl World {
                 prologue,
                 ..
             } = event
-                && !self.model.accept(stream, ticket, &prologue)
             {
                 let now = self.now;
-                self.frontend.cancel(now, stream, CancelCode::REFUSED);
-                self.frontend.release(now, stream);
-                super::bounds::check_event_queue(&self.frontend);
+                if self.model.accept(stream, ticket, &prologue) {
+                    self.frontend.accept_stream(now, stream);
+                } else {
+                    self.frontend.cancel(now, stream, CancelCode::REFUSED);
+                    self.frontend.release(now, stream);
+                    super::bounds::check_event_queue(&self.frontend);
+                }
             }
         }
     }

@@ -31,6 +31,11 @@ pub(crate) struct StreamModel {
     pub(crate) frontend_end: Option<StreamEnd>,
     /// Ends on the worker side: its own finish or reset, or a `Closed` event (at most one).
     pub(crate) worker_ends: u32,
+    /// The worker ended it itself (finish, reset, release while live).
+    pub(crate) self_ended: bool,
+    /// Whether that end was delivered, as the worker was told (`Delivered` or `Closed` after
+    /// its own end): at most once.
+    pub(crate) delivery_told: u32,
     /// The frontend was given the stream once (its OPEN was accepted).
     pub(crate) accepted: bool,
     /// Injected records may have reached it: content checks are off.
@@ -185,16 +190,48 @@ impl Model {
     pub(crate) fn worker_ended(&mut self, i: usize) {
         let s = &mut self.streams[i];
         s.worker_ends += 1;
+        s.self_ended = true;
         assert!(s.worker_ends == 1, "stream {i}: ended twice on the worker");
     }
 
-    /// The worker's mux reported the stream closed by the frontend or its lane.
+    /// The worker's mux reported the stream closed by the frontend or its lane: its end, or,
+    /// for a stream it had ended itself, that the end was not delivered (at most once, and
+    /// never after `Delivered`).
     pub(crate) fn worker_closed(&mut self, key: StreamKey) {
-        let i = *self
+        let i = self.worker_index(key, "Closed");
+        let s = &mut self.streams[i];
+        if s.self_ended {
+            s.delivery_told += 1;
+            assert!(
+                s.delivery_told == 1,
+                "stream {i}: told twice whether its end was delivered"
+            );
+            return;
+        }
+        s.worker_ends += 1;
+        assert!(s.worker_ends == 1, "stream {i}: ended twice on the worker");
+    }
+
+    /// The worker's mux said the end it gave the stream was delivered.
+    pub(crate) fn worker_delivered(&mut self, key: StreamKey) {
+        let i = self.worker_index(key, "Delivered");
+        let s = &mut self.streams[i];
+        assert!(
+            s.self_ended,
+            "stream {i}: Delivered for an end the worker did not send"
+        );
+        s.delivery_told += 1;
+        assert!(
+            s.delivery_told == 1,
+            "stream {i}: told twice whether its end was delivered"
+        );
+    }
+
+    fn worker_index(&self, key: StreamKey, event: &str) -> usize {
+        *self
             .by_worker_key
             .get(&key)
-            .unwrap_or_else(|| panic!("Closed for {key:?}, which the worker does not hold"));
-        self.worker_ended(i);
+            .unwrap_or_else(|| panic!("{event} for {key:?}, which the worker does not hold"))
     }
 
     pub(crate) fn worker_released(&mut self, i: usize) {

@@ -133,6 +133,7 @@ impl Run {
         }
         while let Some(event) = f.poll_event() {
             if let crate::MuxEvent::Opened { stream, ticket, .. } = event {
+                f.accept_stream(self.now, stream);
                 self.accepted.push((ticket, stream, 0));
             }
         }

@@ -332,6 +332,7 @@ fn injected_record(kind: u8, id: StreamId, value: u32) -> Record {
             grant: value % 70 + 1,
         },
         7 => Record::Heartbeat,
+        8 => Record::Accept { stream: id },
         _ => Record::GoAway {
             code: velo_wire::GoAwayCode(value),
         },

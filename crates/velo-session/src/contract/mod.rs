@@ -24,6 +24,7 @@
 //! the frontend could have started its timer.
 
 mod connections;
+mod delivery;
 mod handshake;
 mod harness;
 mod raw;
@@ -48,6 +49,10 @@ pub use connections::{
     a_failed_preparation_fails_fast_during_its_backoff_then_retries,
     a_frontend_restarted_under_a_new_instance_id_is_prepared_again,
     concurrent_first_requests_share_one_preparation,
+};
+pub use delivery::{
+    a_finish_succeeds_once_taken_and_fails_when_refused,
+    a_finish_the_frontend_never_took_fails_when_the_frontend_dies,
 };
 pub use handshake::{
     a_peer_silent_after_its_handshake_is_closed_by_the_idle_timer,
@@ -268,6 +273,8 @@ macro_rules! transport_contract {
             story!(a_peer_silent_after_its_handshake_is_closed_by_the_idle_timer);
             story!(a_thousand_streams_of_a_hundred_items_arrive_in_order);
             story!(large_items_keep_their_order_among_small_ones);
+            story!(a_finish_the_frontend_never_took_fails_when_the_frontend_dies);
+            story!(a_finish_succeeds_once_taken_and_fails_when_refused);
         }
     };
 }

@@ -208,6 +208,7 @@ fn check_session(conn: &Connection, answer: &Hello, rest: &[Frame]) {
                         matches!(
                             record,
                             Record::Credit { .. }
+                                | Record::Accept { .. }
                                 | Record::Stop { .. }
                                 | Record::Cancel { .. }
                                 | Record::Heartbeat
