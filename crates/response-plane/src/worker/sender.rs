@@ -185,7 +185,7 @@ impl<T: Serialize> ResponseSender<T> {
     }
 
     /// Flushes this stream's connection now (velo; the classic plane writes every item at
-    /// once anyway). Prefer [`WorkerPlane::flush`] once per forward pass.
+    /// once anyway). Prefer [`WorkerPlane::flush`](crate::WorkerPlane::flush) once per forward pass.
     pub fn flush(&self) {
         if let Kind::Velo(s) = &self.kind {
             s.flush();
