@@ -39,7 +39,8 @@ pub struct LoadArgs {
     /// Arrivals per second (open loop).
     #[arg(long, default_value_t = 100.0)]
     pub rate: f64,
-    /// Most requests outstanding in the open loop; arrivals past it are counted as errors.
+    /// Most requests outstanding in the open loop; arrivals past it are not sent (counted as
+    /// dropped arrivals).
     #[arg(long, default_value_t = 8192)]
     pub max_outstanding: usize,
     /// Prompt length in words (about one token each).

@@ -15,10 +15,12 @@ pub struct Report {
     /// Requests that started in the window and completed with `[DONE]`.
     pub requests_ok: u64,
     /// HTTP errors: non-200 answers, error events, broken or truncated streams, connect
-    /// failures, open-loop arrivals past the outstanding cap.
+    /// failures.
     pub http_errors: u64,
     /// Of those, 503s (overload).
     pub http_503: u64,
+    /// Open-loop arrivals not sent because `--max-outstanding` requests were outstanding.
+    pub dropped_arrivals: u64,
     /// Output tokens received per second in the window.
     pub output_tokens_per_s: f64,
     /// Time to first token.
@@ -72,7 +74,7 @@ pub fn ms(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 /// The table's header.
-pub const HEADER: &str = "| plane | load | ok req | HTTP errors | out tok/s | TTFT p50 ms | TTFT p99 ms | chunk gap p50 ms | chunk gap p99 ms | ITL mean p99 ms | FE CPU us/tok | HTTP us/tok | plane us/tok |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+pub const HEADER: &str = "| plane | load | ok req | HTTP errors (503s) | dropped arrivals | out tok/s | TTFT p50 ms | TTFT p99 ms | chunk gap p50 ms | chunk gap p99 ms | ITL mean p99 ms | FE CPU us/tok | HTTP us/tok | plane us/tok |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 impl Report {
     /// One table row.
@@ -82,10 +84,12 @@ impl Report {
             _ => format!("closed {:.0}", self.load),
         };
         format!(
-            "| {} | {load} | {} | {} | {:.0} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {load} | {} | {} ({}) | {} | {:.0} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} |",
             self.label,
             self.requests_ok,
             self.http_errors,
+            self.http_503,
+            self.dropped_arrivals,
             self.output_tokens_per_s,
             self.ttft_p50_ms,
             self.ttft_p99_ms,

@@ -24,6 +24,7 @@ struct Shared {
     ok: AtomicU64,
     errors: AtomicU64,
     errors_503: AtomicU64,
+    dropped: AtomicU64,
     tokens: AtomicU64,
     idle: Mutex<Vec<Conn>>,
     outstanding: AtomicUsize,
@@ -75,6 +76,7 @@ pub async fn run(args: LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
         ok: AtomicU64::new(0),
         errors: AtomicU64::new(0),
         errors_503: AtomicU64::new(0),
+        dropped: AtomicU64::new(0),
         tokens: AtomicU64::new(0),
         idle: Mutex::new(Vec::new()),
         outstanding: AtomicUsize::new(0),
@@ -167,7 +169,7 @@ async fn open(
         next += Duration::from_secs_f64(-u.ln() / rate);
         if shared.outstanding.load(Ordering::Relaxed) >= max_outstanding {
             if in_window(shared, Instant::now()) {
-                shared.errors.fetch_add(1, Ordering::Relaxed);
+                shared.dropped.fetch_add(1, Ordering::Relaxed);
             }
             continue;
         }
@@ -340,6 +342,7 @@ fn report(
         requests_ok: shared.ok.load(Ordering::Relaxed),
         http_errors: shared.errors.load(Ordering::Relaxed),
         http_503: shared.errors_503.load(Ordering::Relaxed),
+        dropped_arrivals: shared.dropped.load(Ordering::Relaxed),
         output_tokens_per_s: tokens / secs,
         ttft_p50_ms: ms(&l.ttft, 0.5),
         ttft_p99_ms: ms(&l.ttft, 0.99),
