@@ -198,7 +198,12 @@ async fn engine<W: BenchWorker>(
             if last || !ok {
                 let done = running.swap_remove(i);
                 if ok {
-                    let _ = done.sink.finish().await;
+                    // Done for the engine. A finish may wait for the frontend to confirm it
+                    // took the stream (about a round trip after the first token, so rarely):
+                    // that wait is the request's, never the pass's.
+                    tokio::spawn(async move {
+                        let _ = done.sink.finish().await;
+                    });
                 }
                 continue;
             }
