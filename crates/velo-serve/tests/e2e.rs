@@ -305,7 +305,12 @@ async fn a_worker_process_killed_mid_stream_ends_the_stream_with_an_error_event(
     let _ = child.wait().await;
     let rest = events(&mut r).await;
     let last = rest.last().expect("an event after the kill");
-    assert_eq!(last.event.as_deref(), Some("error"), "{rest:?}");
+    assert_eq!(
+        last.event.as_deref(),
+        Some("error"),
+        "{} events, the last {last:?}",
+        rest.len()
+    );
     let e = json(&last.data);
     assert!(
         e["error"]["message"]
@@ -472,5 +477,53 @@ fn promtool_check(text: &str) {
         "promtool: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_stream_on_a_worker_removed_from_discovery_ends_with_an_error_after_the_grace() {
+    let mut c = Cluster::start(Plane::Velo, 1, |f| {
+        f.removal_grace = Duration::from_millis(200)
+    })
+    .await;
+    let stats = c.workers[0].stats().clone();
+    let long = chat(4000, true, serde_json::json!({"ignore_eos": true}));
+    let (_conn, mut r) = c.post("/v1/chat/completions", &long).await;
+    assert_eq!(r.status, 200);
+    let _ = next_event(&mut r).await;
+    c.add_worker().await;
+    c.workers[0].leave_discovery();
+    let rest = events(&mut r).await;
+    let last = rest.last().expect("an event after the removal");
+    assert_eq!(
+        last.event.as_deref(),
+        Some("error"),
+        "{} events, the last {last:?}",
+        rest.len()
+    );
+    assert!(
+        json(&last.data)["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("left discovery")),
+        "{last:?}"
+    );
+    c.wait_for("the removed worker's engine to see the kill", |_| {
+        stats.snapshot()[0] == 0
+    })
+    .await;
+    // The other worker serves on.
+    let (_conn, mut r) = c
+        .post(
+            "/v1/chat/completions",
+            &chat(3, true, serde_json::json!({"ignore_eos": true})),
+        )
+        .await;
+    assert_eq!(
+        events(&mut r)
+            .await
+            .last()
+            .map(|e| e.data.clone())
+            .as_deref(),
+        Some("[DONE]")
     );
 }

@@ -184,7 +184,7 @@ impl Frontend {
                 source,
             })?;
         let pool = Pool::new(config.removal_grace);
-        let (changes, forget) =
+        let (changes, forget, _watching) =
             crate::discovery::watch::start(config.discovery.clone(), &tracker, stop.clone())
                 .map_err(|source| FrontendError::Discovery {
                     dir: config.discovery.dir(),
