@@ -193,6 +193,43 @@ impl FrontendMetrics {
     /// The Prometheus text exposition, `queued` requests waiting for admission.
     pub fn render(&self, queued: usize) -> String {
         let mut out = String::with_capacity(8192);
+        self.render_requests(&mut out);
+        self.render_gauges_and_counters(&mut out, queued);
+        let labels = format!("model=\"{}\"", self.model);
+        let histograms = [
+            (
+                &self.ttft,
+                "dynamo_frontend_time_to_first_token_seconds",
+                "Time to first token",
+            ),
+            (
+                &self.itl,
+                "dynamo_frontend_inter_token_latency_seconds",
+                "Time between consecutive tokens",
+            ),
+            (
+                &self.duration,
+                "dynamo_frontend_request_duration_seconds",
+                "Request duration",
+            ),
+            (
+                &self.isl,
+                "dynamo_frontend_input_sequence_tokens",
+                "Prompt tokens per request",
+            ),
+            (
+                &self.osl,
+                "dynamo_frontend_output_sequence_tokens",
+                "Generated tokens per request",
+            ),
+        ];
+        for (h, name, help) in histograms {
+            h.render(&mut out, name, &labels, help);
+        }
+        out
+    }
+
+    fn render_requests(&self, out: &mut String) {
         let m = &self.model;
         let name = "dynamo_frontend_requests_total";
         let _ = writeln!(
@@ -213,6 +250,10 @@ impl FrontendMetrics {
                 }
             }
         }
+    }
+
+    fn render_gauges_and_counters(&self, out: &mut String, queued: usize) {
+        let m = &self.model;
         let gauges = [
             (
                 "dynamo_frontend_inflight_requests",
@@ -262,38 +303,6 @@ impl FrontendMetrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{model=\"{m}\"{extra}}} {v}"
             );
         }
-        let labels = format!("model=\"{m}\"");
-        let histograms = [
-            (
-                &self.ttft,
-                "dynamo_frontend_time_to_first_token_seconds",
-                "Time to first token",
-            ),
-            (
-                &self.itl,
-                "dynamo_frontend_inter_token_latency_seconds",
-                "Time between consecutive tokens",
-            ),
-            (
-                &self.duration,
-                "dynamo_frontend_request_duration_seconds",
-                "Request duration",
-            ),
-            (
-                &self.isl,
-                "dynamo_frontend_input_sequence_tokens",
-                "Prompt tokens per request",
-            ),
-            (
-                &self.osl,
-                "dynamo_frontend_output_sequence_tokens",
-                "Generated tokens per request",
-            ),
-        ];
-        for (h, name, help) in histograms {
-            h.render(&mut out, name, &labels, help);
-        }
-        out
     }
 }
 

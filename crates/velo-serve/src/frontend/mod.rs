@@ -170,19 +170,12 @@ impl Frontend {
             .ok_or(FrontendError::NotAFrontend)?;
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
-        let listener =
-            TcpListener::bind(config.http)
-                .await
-                .map_err(|source| FrontendError::Bind {
-                    addr: config.http,
-                    source,
-                })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| FrontendError::Bind {
-                addr: config.http,
-                source,
-            })?;
+        let bind = |source| FrontendError::Bind {
+            addr: config.http,
+            source,
+        };
+        let listener = TcpListener::bind(config.http).await.map_err(bind)?;
+        let addr = listener.local_addr().map_err(bind)?;
         let pool = Pool::new(config.removal_grace);
         let (changes, forget, _watching) =
             crate::discovery::watch::start(config.discovery.clone(), &tracker, stop.clone())
@@ -209,23 +202,7 @@ impl Frontend {
             tracker: tracker.clone(),
             next_id: AtomicU64::new(1),
         }));
-        let app = router(state.clone());
-        let shutdown = stop.clone().cancelled_owned();
-        // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it
-        // until the client's delayed ACK (~40 ms on Linux), which serve-bench saw as TTFT.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
-            }
-        });
-        tracker.spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-            {
-                tracing::error!(error = %e, "HTTP server failed");
-            }
-        });
+        tracker.spawn(serve_http(listener, state.clone(), stop.clone()));
         tracing::info!(%addr, plane = state.plane.plane().name(), "frontend serving");
         Ok(Self {
             addr,
@@ -235,6 +212,7 @@ impl Frontend {
             plane_thread,
         })
     }
+
     /// Where HTTP listens.
     pub fn address(&self) -> SocketAddr {
         self.addr
@@ -314,6 +292,23 @@ impl PlaneThread {
         }
     }
 }
+/// Serves HTTP on `listener` until `stop`, then lets open connections finish.
+async fn serve_http(listener: TcpListener, state: State, stop: CancellationToken) {
+    // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it until
+    // the client's delayed ACK (~40 ms on Linux), which serve-bench saw as TTFT.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+        }
+    });
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "HTTP server failed");
+    }
+}
+
 fn router(state: State) -> Router {
     let limit = state.config.max_body_bytes;
     Router::new()

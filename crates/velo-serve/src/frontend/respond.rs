@@ -190,14 +190,35 @@ async fn pump(
             },
         }
     };
-    let outcome = match end {
+    account.outcome = conclude(
+        end,
+        &job,
+        &shaper,
+        &progress,
+        &mut stream,
+        &tx,
+        &state.metrics,
+    )
+    .await;
+    account.tokens = progress.tokens;
+}
+
+/// Ends the answer as `end` says and returns the request's outcome: the usage chunk and
+/// `[DONE]` after a complete stream, an error event after a failed one (the worker's stream is
+/// killed), nothing to a client that is gone or too slow (killed too).
+async fn conclude(
+    end: End,
+    job: &Job,
+    shaper: &Shaper,
+    progress: &Progress,
+    stream: &mut response_plane::ResponseStream<StreamItem>,
+    tx: &mpsc::Sender<Bytes>,
+    m: &FrontendMetrics,
+) -> Outcome {
+    match end {
         End::Complete => {
-            let mut tail = shaper
-                .usage(progress.usage(&job))
-                .into_iter()
-                .collect::<Vec<_>>();
-            tail.push(Bytes::from_static(chunk::DONE));
-            for b in tail {
+            let usage = shaper.usage(progress.usage(job));
+            for b in usage.into_iter().chain([Bytes::from_static(chunk::DONE)]) {
                 if tokio::time::timeout(CLIENT_DRAIN_TIMEOUT, tx.send(b))
                     .await
                     .is_err()
@@ -223,9 +244,7 @@ async fn pump(
             m.slow_clients.fetch_add(1, Ordering::Relaxed);
             Outcome::Cancelled
         }
-    };
-    account.outcome = outcome;
-    account.tokens = progress.tokens;
+    }
 }
 
 /// Counts a request in flight from admission on, and when it ends (however: a dropped

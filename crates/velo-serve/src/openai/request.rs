@@ -155,18 +155,7 @@ pub fn parse(
     model: &str,
     limits: Limits,
 ) -> Result<Job, ApiError> {
-    let (common, prompt_tokens, digest) = match endpoint {
-        Endpoint::Chat => {
-            let b: ChatBody = serde_json::from_slice(body).map_err(bad_json)?;
-            let (tokens, digest) = chat_prompt(&b.messages)?;
-            (b.common, tokens, digest)
-        }
-        Endpoint::Completion => {
-            let b: CompletionBody = serde_json::from_slice(body).map_err(bad_json)?;
-            let (tokens, digest) = completion_prompt(&b.prompt)?;
-            (b.common, tokens, digest)
-        }
-    };
+    let (common, prompt_tokens, digest) = read_body(endpoint, body)?;
     if common.model != model {
         return Err(ApiError::model_not_found(&common.model));
     }
@@ -174,48 +163,10 @@ pub fn parse(
         .ok()
         .filter(|&t| t <= limits.context_tokens)
         .ok_or_else(|| too_long(prompt_tokens, limits))?;
-    let asked = match (common.max_completion_tokens, common.max_tokens) {
-        (Some(n), _) => Some((n, "max_completion_tokens")),
-        (None, Some(n)) => Some((n, "max_tokens")),
-        (None, None) => None,
-    };
-    let room = limits.context_tokens - prompt_tokens;
-    let limit = match asked {
-        Some((0, param)) => {
-            return Err(ApiError::invalid(
-                format!("{param} must be at least 1"),
-                Some(param),
-            ));
-        }
-        Some((n, param)) if n > u64::from(limits.max_tokens) => {
-            return Err(ApiError::invalid(
-                format!(
-                    "{param} is {n}; this service generates at most {} tokens per request",
-                    limits.max_tokens
-                ),
-                Some(param),
-            ));
-        }
-        Some((n, param)) if n > u64::from(room) => {
-            return Err(ApiError::invalid_code(
-                format!(
-                    "this model's context is {} tokens; the prompt has {prompt_tokens} and {param} asks for {n}",
-                    limits.context_tokens
-                ),
-                Some(param),
-                "context_length_exceeded",
-            ));
-        }
-        // Checked above: within `limits.max_tokens`, a u32.
-        Some((n, _)) => u32::try_from(n).unwrap_or(limits.max_tokens),
-        None => limits.max_tokens.min(room),
-    };
-    if limit == 0 {
-        return Err(too_long(u64::from(prompt_tokens), limits));
-    }
+    let limit = output_limit(&common, prompt_tokens, limits)?;
     let ignore_eos = common
         .ignore_eos
-        .or_else(|| common.nvext.and_then(|n| n.ignore_eos))
+        .or_else(|| common.nvext.as_ref().and_then(|n| n.ignore_eos))
         .unwrap_or(false);
     let natural =
         NATURAL_MIN_TOKENS + u32::try_from(digest % u64::from(NATURAL_SPAN_TOKENS)).unwrap_or(0);
@@ -236,6 +187,64 @@ pub fn parse(
         output_tokens,
         ending,
     })
+}
+
+/// The body's common fields, its prompt tokens and a digest of the prompt.
+fn read_body(endpoint: Endpoint, body: &[u8]) -> Result<(Common, u64, u64), ApiError> {
+    Ok(match endpoint {
+        Endpoint::Chat => {
+            let b: ChatBody = serde_json::from_slice(body).map_err(bad_json)?;
+            let (tokens, digest) = chat_prompt(&b.messages)?;
+            (b.common, tokens, digest)
+        }
+        Endpoint::Completion => {
+            let b: CompletionBody = serde_json::from_slice(body).map_err(bad_json)?;
+            let (tokens, digest) = completion_prompt(&b.prompt)?;
+            (b.common, tokens, digest)
+        }
+    })
+}
+
+/// The most tokens the request may generate: what it asks (`max_completion_tokens`, else
+/// `max_tokens`), checked against the service's limit and the room left in the context.
+fn output_limit(common: &Common, prompt_tokens: u32, limits: Limits) -> Result<u32, ApiError> {
+    let asked = match (common.max_completion_tokens, common.max_tokens) {
+        (Some(n), _) => Some((n, "max_completion_tokens")),
+        (None, Some(n)) => Some((n, "max_tokens")),
+        (None, None) => None,
+    };
+    // `parse` checked that the prompt fits the context.
+    let room = limits.context_tokens.saturating_sub(prompt_tokens);
+    let limit = match asked {
+        Some((0, param)) => {
+            let message = format!("{param} must be at least 1");
+            return Err(ApiError::invalid(message, Some(param)));
+        }
+        Some((n, param)) if n > u64::from(limits.max_tokens) => {
+            let most = limits.max_tokens;
+            let message =
+                format!("{param} is {n}; this service generates at most {most} tokens per request");
+            return Err(ApiError::invalid(message, Some(param)));
+        }
+        Some((n, param)) if n > u64::from(room) => {
+            let context = limits.context_tokens;
+            let message = format!(
+                "this model's context is {context} tokens; the prompt has {prompt_tokens} and {param} asks for {n}"
+            );
+            return Err(ApiError::invalid_code(
+                message,
+                Some(param),
+                "context_length_exceeded",
+            ));
+        }
+        // Checked above: within `limits.max_tokens`, a u32.
+        Some((n, _)) => u32::try_from(n).unwrap_or(limits.max_tokens),
+        None => limits.max_tokens.min(room),
+    };
+    if limit == 0 {
+        return Err(too_long(u64::from(prompt_tokens), limits));
+    }
+    Ok(limit)
 }
 
 fn bad_json(e: serde_json::Error) -> ApiError {
