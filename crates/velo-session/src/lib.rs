@@ -21,11 +21,16 @@
 //! - [`FrontendEndpoint`]: accepts lanes ([`FrontendEndpoint::accept`]) and hands every
 //!   stream they open to an [`Acceptor`] as an [`IncomingStream`], which becomes a
 //!   [`RecvStream`].
+//! - [`ListeningFrontend`]: a frontend endpoint serving the lanes of one transport's
+//!   [`LaneListener`], with the address workers reach; every transport's frontend is one.
 //! - [`Peer`]: one connection; [`Peer::flush`] is the once-per-forward-pass hint.
 //!
 //! [`TaskTracker`]: tokio_util::task::TaskTracker
 
 mod accept;
+#[cfg(feature = "__bench")]
+#[doc(hidden)]
+pub mod bench;
 mod clock;
 #[cfg(feature = "__contract")]
 #[doc(hidden)]
@@ -38,11 +43,13 @@ mod frontend;
 pub mod fuzzing;
 mod handshake;
 mod io;
+mod listening;
 mod peer;
 mod pump;
 mod recv;
 mod send;
 mod stats;
+mod stream;
 mod worker;
 
 pub use accept::{AcceptSettings, Accepting, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
@@ -50,11 +57,13 @@ pub use error::{ConnectError, StreamError};
 pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings};
 pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};
 pub use io::{Dialer, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane};
+pub use listening::{ListeningFrontend, TransportControl};
 pub use peer::{Acceptor, Peer};
 pub use pump::CLOSE_GRACE;
 pub use recv::{IncomingStream, RecvStream};
 pub use send::{SendStream, StreamWatch};
 pub use stats::HandshakeStats;
+pub use stream::{StreamLane, poll_write_chunks};
 pub use worker::{
     Backoff, DEFAULT_PREPARE_TIMEOUT, DEFAULT_READ_BUFFER, OpenStreamError, WorkerEndpoint,
     WorkerSettings, open_on, open_when_room,

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 
 use common::{MemListener, MemNet};
 use tokio_util::task::TaskTracker;
-use velo_session::contract::{Frontend, FrontendSpec, RawListener, Transport, Unreachable};
+use velo_session::contract::{FrontendSpec, RawListener, Transport, Unreachable};
 use velo_session::{
-    Accepting, Dialer, FrontendEndpoint, FrontendSettings, HandshakeStats, LaneListener, RawLane,
+    Dialer, FrontendEndpoint, FrontendSettings, LaneListener, ListeningFrontend, RawLane,
     WorkerEndpoint, WorkerSettings,
 };
 
@@ -44,24 +44,26 @@ impl Memory {
 }
 
 impl Transport for Memory {
-    type Frontend = MemFrontend;
+    type Frontend = ListeningFrontend;
     type Worker = WorkerEndpoint;
     type Raw = Box<dyn RawLane>;
     type RawListener = MemRawListener;
 
-    async fn frontend(&self, spec: FrontendSpec) -> io::Result<MemFrontend> {
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<ListeningFrontend> {
         let addr = spec.addr.unwrap_or_else(|| self.fresh_addr());
         let settings = FrontendSettings {
             mux: spec.mux,
             read_buffer: velo_session::DEFAULT_READ_BUFFER,
         };
         let endpoint = FrontendEndpoint::new(settings, spec.instance, spec.acceptor, spec.tracker);
-        let accepting = endpoint.accept(self.net.listen(addr), spec.accept);
-        Ok(MemFrontend {
+        let listener = self.net.listen(addr);
+        Ok(ListeningFrontend::new(
             endpoint,
-            accepting,
+            listener,
+            spec.accept,
             addr,
-        })
+            (),
+        ))
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
@@ -86,37 +88,6 @@ impl Transport for Memory {
             addr: self.fresh_addr(),
             guard: Box::new(()),
         }
-    }
-}
-
-/// A frontend endpoint taking lanes from the in-memory network.
-struct MemFrontend {
-    endpoint: FrontendEndpoint,
-    accepting: Accepting,
-    addr: SocketAddr,
-}
-
-impl Frontend for MemFrontend {
-    fn endpoint(&self) -> &FrontendEndpoint {
-        &self.endpoint
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    fn handshake_stats(&self) -> HandshakeStats {
-        self.accepting.stats()
-    }
-
-    async fn shutdown(&self) {
-        self.accepting.shutdown().await;
-        self.endpoint.close();
-    }
-
-    fn abort(&self) {
-        self.accepting.stop();
-        self.endpoint.abort();
     }
 }
 

@@ -8,7 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use velo_session::{Dialer, RawLane};
 
-use crate::io::TcpLane;
+use crate::lane::tcp_lane;
 use crate::{TcpConfig, socket};
 
 pub(crate) struct TcpDialer {
@@ -28,7 +28,7 @@ impl Dialer for TcpDialer {
                         format!("no TCP connection within {:?}", cfg.connect_timeout),
                     )
                 })??;
-            Ok(Box::new(TcpLane(stream)) as Box<dyn RawLane>)
+            Ok(Box::new(tcp_lane(stream)) as Box<dyn RawLane>)
         }
         .boxed()
     }

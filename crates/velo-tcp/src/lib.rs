@@ -4,10 +4,12 @@
 //! # Layer contract
 //!
 //! This crate owns sockets and nothing else: socket options (buffers sized before connect or
-//! listen, `TCP_NODELAY`, the liveness bound), the listener and dialer velo-session drives,
-//! and vectored zero-copy writes. The handshake, the accept loop with its limits, streams,
-//! credits, batching and timers are `velo-session` and `velo-mux`. It never spawns a task:
-//! velo-session runs everything on the caller's `TaskTracker`.
+//! listen, `TCP_NODELAY`, the liveness bound) and the listener and dialer velo-session drives.
+//! A lane is velo-session's byte-stream lane (`StreamLane`: vectored zero-copy writes) over a
+//! `TcpStream`, and a frontend is velo-session's `ListeningFrontend` over this crate's
+//! listener. The handshake, the accept loop with its limits, streams, credits, batching and
+//! timers are `velo-session` and `velo-mux`. It never spawns a task: velo-session runs
+//! everything on the caller's `TaskTracker`.
 //!
 //! # Example
 //!
@@ -15,11 +17,12 @@
 //! # async fn demo(acceptor: std::sync::Arc<dyn velo_session::Acceptor>) -> std::io::Result<()> {
 //! use tokio_util::task::TaskTracker;
 //! use velo_mux::{MuxConfig, Side};
-//! use velo_tcp::{TcpConfig, TcpFrontend, TcpWorker};
+//! use velo_tcp::{TcpConfig, TcpWorker};
 //!
 //! let tracker = TaskTracker::new();
 //! let frontend_mux = MuxConfig::builder(Side::Frontend).build().unwrap();
-//! let frontend = TcpFrontend::bind("127.0.0.1:0".parse().unwrap(), frontend_mux, TcpConfig::default(), acceptor, tracker.clone()).await?;
+//! let instance = velo_session::new_instance_id();
+//! let frontend = velo_tcp::bind_frontend("127.0.0.1:0".parse().unwrap(), instance, frontend_mux, TcpConfig::default(), acceptor, tracker.clone()).await?;
 //!
 //! let worker = TcpWorker::new(MuxConfig::builder(Side::Worker).build().unwrap(), TcpConfig::default(), tracker.clone());
 //! let mut stream = worker
@@ -34,7 +37,7 @@
 
 mod config;
 mod dialer;
-mod io;
+mod lane;
 mod listener;
 mod socket;
 
@@ -44,8 +47,8 @@ use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 use velo_mux::MuxConfig;
 use velo_session::{
-    AcceptSettings, Accepting, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
-    WorkerEndpoint, WorkerSettings,
+    AcceptSettings, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
+    ListeningFrontend, WorkerEndpoint, WorkerSettings,
 };
 use velo_wire::InstanceId;
 
@@ -53,112 +56,49 @@ pub use config::{
     DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS, DEFAULT_SOCKET_BUFFER, TcpConfig,
 };
 
-/// A frontend listening for worker lanes over TCP.
-pub struct TcpFrontend {
-    endpoint: FrontendEndpoint,
-    accepting: Accepting,
-    local_addr: SocketAddr,
-}
+/// A frontend listening for worker lanes over TCP: velo-session's frontend over this crate's
+/// listener, with nothing running beside it.
+pub type TcpFrontend = ListeningFrontend;
 
-impl TcpFrontend {
-    /// Binds `addr` (socket buffers are sized before `listen`) and starts accepting on
-    /// `tracker`. A fresh instance id names this frontend in every stream address.
-    ///
-    /// # Errors
-    ///
-    /// The I/O error of creating, configuring, binding or listening on the socket.
-    pub async fn bind(
-        addr: SocketAddr,
-        mux: MuxConfig,
-        cfg: TcpConfig,
-        acceptor: Arc<dyn Acceptor>,
-        tracker: TaskTracker,
-    ) -> std::io::Result<Self> {
-        Self::bind_as(
-            addr,
-            velo_session::new_instance_id(),
-            mux,
-            cfg,
-            acceptor,
-            tracker,
-        )
-        .await
-    }
-
-    /// [`bind`](Self::bind) with a given instance id (tests restart a frontend under a new one).
-    ///
-    /// # Errors
-    ///
-    /// As [`bind`](Self::bind).
-    pub async fn bind_as(
-        addr: SocketAddr,
-        instance: InstanceId,
-        mux: MuxConfig,
-        cfg: TcpConfig,
-        acceptor: Arc<dyn Acceptor>,
-        tracker: TaskTracker,
-    ) -> std::io::Result<Self> {
-        let sock = socket::socket(addr, &cfg)?;
-        sock.set_reuseaddr(true)?;
-        sock.bind(addr)?;
-        let listener = sock.listen(cfg.backlog)?;
-        let local_addr = listener.local_addr()?;
-        let settings = FrontendSettings {
-            mux,
-            read_buffer: cfg.read_buffer,
-        };
-        let endpoint = FrontendEndpoint::new(settings, instance, acceptor, tracker);
-        let accepting = endpoint.accept(
-            listener::TcpLaneListener {
-                listener,
-                liveness: cfg.liveness,
-            },
-            AcceptSettings {
-                handshake_timeout: cfg.handshake_timeout,
-                max_connections: cfg.max_connections,
-            },
-        );
-        tracing::debug!(%local_addr, %instance, "tcp frontend listening");
-        Ok(Self {
-            endpoint,
-            accepting,
-            local_addr,
-        })
-    }
-
-    /// Where workers connect.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// This frontend's instance id.
-    pub fn instance(&self) -> InstanceId {
-        self.endpoint.instance()
-    }
-
-    /// The endpoint (connections, stats, go-away).
-    pub fn endpoint(&self) -> &FrontendEndpoint {
-        &self.endpoint
-    }
-
-    /// The handshake counters of every connection accepted.
-    pub fn stats(&self) -> HandshakeStats {
-        self.accepting.stats()
-    }
-
-    /// Stops accepting (handshakes in progress are dropped), waits for the accept loop to
-    /// exit, then closes every lane gracefully (a CLOSE frame each; their tasks end on their
-    /// own, see [`abort`](Self::abort) for a hard stop).
-    pub async fn shutdown(&self) {
-        self.accepting.shutdown().await;
-        self.endpoint.close();
-    }
-
-    /// Stops everything at once: no more accepts, every lane's tasks end now.
-    pub fn abort(&self) {
-        self.accepting.stop();
-        self.endpoint.abort();
-    }
+/// Binds `addr` (socket buffers are sized before `listen`) and starts accepting on `tracker`,
+/// as frontend `instance` (a fresh one: [`velo_session::new_instance_id`]; a restarted
+/// frontend takes a new one).
+///
+/// # Errors
+///
+/// The I/O error of creating, configuring, binding or listening on the socket.
+pub async fn bind_frontend(
+    addr: SocketAddr,
+    instance: InstanceId,
+    mux: MuxConfig,
+    cfg: TcpConfig,
+    acceptor: Arc<dyn Acceptor>,
+    tracker: TaskTracker,
+) -> std::io::Result<TcpFrontend> {
+    let sock = socket::socket(addr, &cfg)?;
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    let listener = sock.listen(cfg.backlog)?;
+    let local_addr = listener.local_addr()?;
+    let settings = FrontendSettings {
+        mux,
+        read_buffer: cfg.read_buffer,
+    };
+    let listener = listener::TcpLaneListener {
+        listener,
+        liveness: cfg.liveness,
+    };
+    let accept = AcceptSettings {
+        handshake_timeout: cfg.handshake_timeout,
+        max_connections: cfg.max_connections,
+    };
+    Ok(ListeningFrontend::new(
+        FrontendEndpoint::new(settings, instance, acceptor, tracker),
+        listener,
+        accept,
+        local_addr,
+        (),
+    ))
 }
 
 /// A worker dialing frontends over TCP.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use velo_session::{LaneListener, RawLane};
 
-use crate::io::TcpLane;
+use crate::lane::tcp_lane;
 use crate::socket;
 
 /// Yields accepted TCP connections with their per-connection options set.
@@ -28,6 +28,6 @@ impl LaneListener for TcpLaneListener {
         if let Err(e) = socket::set_liveness(socket2::SockRef::from(&stream), self.liveness) {
             tracing::debug!(%peer, error = %e, "setting the liveness bound failed");
         }
-        Poll::Ready(Some(Ok(Box::new(TcpLane(stream)))))
+        Poll::Ready(Some(Ok(Box::new(tcp_lane(stream)))))
     }
 }

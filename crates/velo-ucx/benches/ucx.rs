@@ -12,31 +12,32 @@
 //! `recv`, on one clock (both sides are threads of this process, each on its own
 //! single-threaded runtime, as two processes would be).
 //!
-//! The TCP lanes are a minimal TCP transport written here over `velo-session` (vectored
-//! writes, `TCP_NODELAY`): `velo-tcp` sits on the same layer as this crate and may not be its
-//! dependency, not even for a bench. Its own bench (`cargo bench -p velo-tcp`) measures it.
+//! The TCP lanes are velo-session's byte-stream lane (`StreamLane`, the lane `velo-tcp` uses:
+//! vectored zero-copy writes) over plain loopback sockets with `TCP_NODELAY`, listened for and
+//! dialed here: `velo-tcp` sits on the same layer as this crate and may not be its dependency,
+//! not even for a bench, and its socket buffer sizes and liveness bound are not set. Its own
+//! bench (`cargo bench -p velo-tcp`) measures it.
 //!
 //! `cargo bench -p velo-ucx --features ucx --bench ucx [-- --secs N]`
 
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use tokio::io::AsyncWrite;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 use velo_mux::{FlushPolicy, MuxConfig, Side};
+use velo_session::bench::{self, EachItem, Stop, Timing};
 use velo_session::{
-    AcceptSettings, Acceptor, Dialer, FrontendEndpoint, FrontendSettings, IncomingStream, LaneIo,
-    LaneListener, LaneRead, LaneWrite, RawLane, WorkerEndpoint, WorkerSettings,
+    AcceptSettings, Acceptor, Dialer, FrontendEndpoint, FrontendSettings, LaneListener,
+    ListeningFrontend, RawLane, StreamLane, WorkerEndpoint, WorkerSettings,
 };
 use velo_ucx::{ProgressEngine, UcxConfig, UcxFrontend, UcxWorker};
 use velo_wire::{InstanceId, Token};
@@ -95,37 +96,29 @@ impl Shared {
     fn now_ns(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
-}
 
-struct Counting(Arc<Shared>);
-
-impl Acceptor for Counting {
-    fn accept(&self, incoming: IncomingStream) {
-        let mut stream = incoming.accept();
-        let shared = self.0.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(item)) = stream.recv().await {
-                let now = shared.now_ns();
-                let (id, sent) = ((&item[..8]).get_u64_le(), (&item[8..16]).get_u64_le());
-                shared.delivered.fetch_add(1, Ordering::Relaxed);
-                if shared.measuring.load(Ordering::Relaxed) {
-                    let mut s = shared.samples.lock().unwrap();
-                    if s.len() < MAX_SAMPLES {
-                        s.push(now.saturating_sub(sent));
-                    }
-                }
-                if let Some((n, wake)) = usize::try_from(id).ok().and_then(|i| shared.acks.get(i)) {
-                    n.fetch_add(1, Ordering::Release);
-                    wake.notify_one();
-                }
+    /// Counts a delivered item, samples its time-to-deliver while measuring, and wakes its
+    /// stream's producer.
+    fn on_item(&self, item: &[u8]) {
+        let now = self.now_ns();
+        let (id, sent) = ((&item[..8]).get_u64_le(), (&item[8..16]).get_u64_le());
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        if self.measuring.load(Ordering::Relaxed) {
+            let mut s = self.samples.lock().unwrap();
+            if s.len() < MAX_SAMPLES {
+                s.push(now.saturating_sub(sent));
             }
-        });
+        }
+        if let Some((n, wake)) = usize::try_from(id).ok().and_then(|i| self.acks.get(i)) {
+            n.fetch_add(1, Ordering::Release);
+            wake.notify_one();
+        }
     }
 }
 
-/// The two ends of one transport.
+/// The frontend of one transport.
 enum Front {
-    Tcp(TcpFront),
+    Tcp(ListeningFrontend),
     Ucx(UcxFrontend),
 }
 
@@ -133,14 +126,15 @@ impl Front {
     async fn bind(lanes: Lanes, acceptor: Arc<dyn Acceptor>, tracker: &TaskTracker) -> Self {
         let mux = MuxConfig::builder(Side::Frontend).build().unwrap();
         match lanes {
-            Lanes::Tcp => Self::Tcp(TcpFront::bind(mux, acceptor, tracker).await),
+            Lanes::Tcp => Self::Tcp(bind_tcp(mux, acceptor, tracker).await),
             Lanes::Ucx(engine) => {
                 let cfg = UcxConfig {
                     engine,
                     ..UcxConfig::loopback()
                 };
-                let f = UcxFrontend::bind(
+                let f = velo_ucx::bind_frontend(
                     "127.0.0.1:0".parse().unwrap(),
+                    velo_session::new_instance_id(),
                     mux,
                     cfg,
                     acceptor,
@@ -155,14 +149,14 @@ impl Front {
 
     fn target(&self) -> (SocketAddr, InstanceId) {
         match self {
-            Self::Tcp(f) => (f.addr, f.endpoint.instance()),
+            Self::Tcp(f) => (f.local_addr(), f.instance()),
             Self::Ucx(f) => (f.local_addr(), f.instance()),
         }
     }
 
     fn abort(&self) {
         match self {
-            Self::Tcp(f) => f.endpoint.abort(),
+            Self::Tcp(f) => f.abort(),
             Self::Ucx(f) => f.abort(),
         }
     }
@@ -199,118 +193,71 @@ struct Outcome {
     p99_us: f64,
 }
 
-fn run(
-    lanes: Lanes,
-    load: Load,
-    streams: u64,
-    policy: FlushPolicy,
-    warmup: Duration,
-    measure: Duration,
-) -> Outcome {
+fn run(lanes: Lanes, load: Load, streams: u64, policy: FlushPolicy, timing: Timing) -> Outcome {
     let n = usize::try_from(streams).unwrap();
     let shared = Arc::new(Shared::new(n));
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Stop::default();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let frontend = {
         let (shared, stop) = (shared.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let tracker = TaskTracker::new();
-                let f = Front::bind(lanes, Arc::new(Counting(shared)), &tracker).await;
-                addr_tx.send(f.target()).unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                f.abort();
-                tracker.close();
-                let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
-            });
+        bench::spawn_side(move || async move {
+            let tracker = TaskTracker::new();
+            let acceptor = EachItem(move |item: Bytes| shared.on_item(&item));
+            let f = Front::bind(lanes, Arc::new(acceptor), &tracker).await;
+            addr_tx.send(f.target()).unwrap();
+            stop.wait().await;
+            f.abort();
+            tracker.close();
+            let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
         })
     };
     let (addr, id) = addr_rx.recv().unwrap();
     let worker = {
         let (shared, stop) = (shared.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
+        bench::spawn_side(move || async move {
+            let tracker = TaskTracker::new();
+            let mux = MuxConfig::builder(Side::Worker)
+                .lanes(4)
+                .flush(policy)
                 .build()
                 .unwrap();
-            rt.block_on(async move {
-                let tracker = TaskTracker::new();
-                let mux = MuxConfig::builder(Side::Worker)
-                    .lanes(4)
-                    .flush(policy)
-                    .build()
+            let (endpoint, ucx) = worker_endpoint(lanes, mux, &tracker);
+            let mut tasks = Vec::new();
+            for t in 0..streams {
+                let s = endpoint
+                    .open(addr, id, t, &Token([0; 16]), b"{\"error\":null}")
+                    .await
                     .unwrap();
-                let (endpoint, ucx) = worker_endpoint(lanes, mux, &tracker);
-                let mut tasks = Vec::new();
-                for t in 0..streams {
-                    let mut s = endpoint
-                        .open(addr, id, t, &Token([0; 16]), b"{\"error\":null}")
-                        .await
-                        .unwrap();
-                    let (stop, shared) = (stop.clone(), shared.clone());
-                    tasks.push(tokio::spawn(async move {
-                        let mut item = [7u8; ITEM];
-                        item[..8].copy_from_slice(&t.to_le_bytes());
-                        let (acked, wake) = &shared.acks[usize::try_from(t).unwrap()];
-                        let mut sent = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            if load == Load::Ping {
-                                // One item in flight: wait for the last one's delivery.
-                                while acked.load(Ordering::Acquire) < sent {
-                                    let woken = wake.notified();
-                                    if acked.load(Ordering::Acquire) >= sent {
-                                        break;
-                                    }
-                                    if tokio::time::timeout(Duration::from_millis(100), woken)
-                                        .await
-                                        .is_err()
-                                        && stop.load(Ordering::Relaxed)
-                                    {
-                                        return;
-                                    }
-                                }
-                            }
-                            item[8..16].copy_from_slice(&shared.now_ns().to_le_bytes());
-                            if s.send(&item).await.is_err() {
-                                break;
-                            }
-                            sent += 1;
-                        }
-                    }));
-                }
-                for t in tasks {
-                    let _ = t.await;
-                }
-                endpoint.abort();
-                drop(ucx);
-                tracker.close();
-                let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
-            });
+                tasks.push(tokio::spawn(produce(
+                    s,
+                    t,
+                    load,
+                    shared.clone(),
+                    stop.clone(),
+                )));
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+            endpoint.abort();
+            drop(ucx);
+            tracker.close();
+            let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
         })
     };
-    std::thread::sleep(warmup);
+    timing.warm_up();
     shared.measuring.store(true, Ordering::Relaxed);
-    let (r0, c0, t0) = (
-        shared.delivered.load(Ordering::Relaxed),
-        process_cpu(),
-        Instant::now(),
-    );
-    std::thread::sleep(measure);
-    let (r1, c1, t1) = (
-        shared.delivered.load(Ordering::Relaxed),
-        process_cpu(),
-        Instant::now(),
-    );
+    let w = timing.window(|| {
+        (
+            shared.delivered.load(Ordering::Relaxed),
+            bench::process_cpu(),
+        )
+    });
     shared.measuring.store(false, Ordering::Relaxed);
-    stop.store(true, Ordering::Relaxed);
+    stop.set();
     worker.join().unwrap();
     frontend.join().unwrap();
+    let ((r0, c0), (r1, c1)) = (w.start, w.end);
     let records = (r1 - r0) as f64;
     let mut samples = std::mem::take(&mut *shared.samples.lock().unwrap());
     samples.sort_unstable();
@@ -320,38 +267,53 @@ fn run(
         samples.get(i).map_or(f64::NAN, |&ns| ns as f64 / 1e3)
     };
     Outcome {
-        records_per_s: records / (t1 - t0).as_secs_f64(),
+        records_per_s: records / w.elapsed.as_secs_f64(),
         cpu_ns_per_record: (c1 - c0) * 1e9 / records.max(1.0),
         p50_us: pct(500),
         p99_us: pct(990),
     }
 }
 
-/// CPU time (user + system) of this whole process, in seconds.
-fn process_cpu() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or_default();
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the ")".
-    (ticks(11) + ticks(12)) / 100.0
+/// Stream `t`'s producer: sends until the run stops, as fast as credit allows (flood) or with
+/// one item in flight (ping), each item carrying its stream and its send time.
+async fn produce(
+    mut s: velo_session::SendStream,
+    t: u64,
+    load: Load,
+    shared: Arc<Shared>,
+    stop: Stop,
+) {
+    let mut item = [7u8; ITEM];
+    item[..8].copy_from_slice(&t.to_le_bytes());
+    let (acked, wake) = &shared.acks[usize::try_from(t).unwrap()];
+    let mut sent = 0u64;
+    while !stop.is_set() {
+        if load == Load::Ping {
+            // One item in flight: wait for the last one's delivery.
+            while acked.load(Ordering::Acquire) < sent {
+                let woken = wake.notified();
+                if acked.load(Ordering::Acquire) >= sent {
+                    break;
+                }
+                if tokio::time::timeout(Duration::from_millis(100), woken)
+                    .await
+                    .is_err()
+                    && stop.is_set()
+                {
+                    return;
+                }
+            }
+        }
+        item[8..16].copy_from_slice(&shared.now_ns().to_le_bytes());
+        if s.send(&item).await.is_err() {
+            break;
+        }
+        sent += 1;
+    }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let secs = args
-        .iter()
-        .position(|a| a == "--secs")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.0);
-    // `cargo test --benches` runs benches without `--bench`; keep that quick.
-    let quick = !args.iter().any(|a| a == "--bench");
-    let (warmup, measure) = if quick {
-        (Duration::from_millis(100), Duration::from_millis(300))
-    } else {
-        (Duration::from_millis(700), Duration::from_secs_f64(secs))
-    };
+    let timing = Timing::from_args();
     println!(
         "| lanes | load | streams | flush | records/s | CPU ns/record (process) | deliver p50 µs | deliver p99 µs |"
     );
@@ -369,7 +331,7 @@ fn main() {
     for streams in [1u64, 1024] {
         for (load, flush, policy) in runs {
             for lanes in transports {
-                let o = run(lanes, load, streams, policy, warmup, measure);
+                let o = run(lanes, load, streams, policy, timing);
                 println!(
                     "| {} | {load:?} | {streams} | {flush} | {:.0} | {:.0} | {:.1} | {:.1} |",
                     lanes.name(),
@@ -385,32 +347,30 @@ fn main() {
 
 // --- A minimal TCP lane transport over velo-session (see the module docs) ------------------
 
-struct TcpFront {
-    endpoint: FrontendEndpoint,
-    addr: SocketAddr,
-}
-
-impl TcpFront {
-    async fn bind(mux: MuxConfig, acceptor: Arc<dyn Acceptor>, tracker: &TaskTracker) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let settings = FrontendSettings {
-            mux,
-            read_buffer: velo_session::DEFAULT_READ_BUFFER,
-        };
-        let endpoint = FrontendEndpoint::new(
-            settings,
-            velo_session::new_instance_id(),
-            acceptor,
-            tracker.clone(),
-        );
-        endpoint.accept(TcpAccept(listener), AcceptSettings::default());
-        Self { endpoint, addr }
-    }
+/// A frontend taking plain TCP lanes on a loopback port.
+async fn bind_tcp(
+    mux: MuxConfig,
+    acceptor: Arc<dyn Acceptor>,
+    tracker: &TaskTracker,
+) -> ListeningFrontend {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let settings = FrontendSettings {
+        mux,
+        read_buffer: velo_session::DEFAULT_READ_BUFFER,
+    };
+    let endpoint = FrontendEndpoint::new(
+        settings,
+        velo_session::new_instance_id(),
+        acceptor,
+        tracker.clone(),
+    );
+    let accept = AcceptSettings::default();
+    ListeningFrontend::new(endpoint, TcpAccept(listener), accept, addr, ())
 }
 
 /// Plain TCP lanes for the comparison (velo-tcp sets more socket options; a bench of velo-ucx
-/// does not depend on its sibling transport).
+/// does not depend on its sibling transport): velo-session's byte-stream lane, as velo-tcp's.
 struct TcpAccept(TcpListener);
 
 impl LaneListener for TcpAccept {
@@ -420,7 +380,7 @@ impl LaneListener for TcpAccept {
             Err(e) => return Poll::Ready(Some(Err(e))),
         };
         stream.set_nodelay(true).unwrap();
-        Poll::Ready(Some(Ok(Box::new(TcpLane(stream)))))
+        Poll::Ready(Some(Ok(tcp_lane(stream))))
     }
 }
 
@@ -431,87 +391,12 @@ impl Dialer for TcpDial {
         async move {
             let stream = TcpStream::connect(addr).await?;
             stream.set_nodelay(true)?;
-            Ok(Box::new(TcpLane(stream)) as Box<dyn RawLane>)
+            Ok(tcp_lane(stream))
         }
         .boxed()
     }
 }
 
-struct TcpLane(TcpStream);
-
-struct TcpRead(tokio::net::tcp::OwnedReadHalf);
-
-struct TcpWrite(tokio::net::tcp::OwnedWriteHalf);
-
-impl RawLane for TcpLane {
-    fn into_io(self: Box<Self>) -> LaneIo {
-        let (read, write) = self.0.into_split();
-        LaneIo {
-            read: Box::new(TcpRead(read)),
-            write: Box::new(TcpWrite(write)),
-        }
-    }
-}
-
-impl LaneRead for TcpLane {
-    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.0), cx, buf)
-    }
-}
-
-impl LaneWrite for TcpLane {
-    fn poll_write(
-        &mut self,
-        cx: &mut Context<'_>,
-        chunks: &mut Vec<Bytes>,
-    ) -> Poll<io::Result<()>> {
-        poll_write(Pin::new(&mut self.0), cx, chunks)
-    }
-
-    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl LaneRead for TcpRead {
-    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.0), cx, buf)
-    }
-}
-
-impl LaneWrite for TcpWrite {
-    fn poll_write(
-        &mut self,
-        cx: &mut Context<'_>,
-        chunks: &mut Vec<Bytes>,
-    ) -> Poll<io::Result<()>> {
-        poll_write(Pin::new(&mut self.0), cx, chunks)
-    }
-
-    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-fn poll_write(
-    mut w: Pin<&mut impl AsyncWrite>,
-    cx: &mut Context<'_>,
-    chunks: &mut Vec<Bytes>,
-) -> Poll<io::Result<()>> {
-    while !chunks.is_empty() {
-        let slices: Vec<io::IoSlice<'_>> = chunks.iter().map(|c| io::IoSlice::new(c)).collect();
-        let mut left = ready!(w.as_mut().poll_write_vectored(cx, &slices))?;
-        if left == 0 {
-            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-        }
-        while left > 0 {
-            if left >= chunks[0].len() {
-                left -= chunks.remove(0).len();
-            } else {
-                chunks[0].advance(left);
-                left = 0;
-            }
-        }
-    }
-    Poll::Ready(Ok(()))
+fn tcp_lane(stream: TcpStream) -> Box<dyn RawLane> {
+    Box::new(StreamLane::new(stream, TcpStream::into_split))
 }

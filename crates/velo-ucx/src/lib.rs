@@ -58,11 +58,12 @@
 //! # async fn demo(acceptor: std::sync::Arc<dyn velo_session::Acceptor>) -> Result<(), velo_ucx::UcxError> {
 //! use tokio_util::task::TaskTracker;
 //! use velo_mux::{MuxConfig, Side};
-//! use velo_ucx::{UcxConfig, UcxFrontend, UcxWorker};
+//! use velo_ucx::{UcxConfig, UcxWorker};
 //!
 //! let tracker = TaskTracker::new();
 //! let frontend_mux = MuxConfig::builder(Side::Frontend).build().unwrap();
-//! let frontend = UcxFrontend::bind("127.0.0.1:0".parse().unwrap(), frontend_mux, UcxConfig::default(), acceptor, tracker.clone()).await?;
+//! let instance = velo_session::new_instance_id();
+//! let frontend = velo_ucx::bind_frontend("127.0.0.1:0".parse().unwrap(), instance, frontend_mux, UcxConfig::default(), acceptor, tracker.clone()).await?;
 //!
 //! let worker = UcxWorker::new(MuxConfig::builder(Side::Worker).build().unwrap(), UcxConfig::default(), tracker.clone())?;
 //! let mut stream = worker
@@ -116,7 +117,7 @@ pub use stats::UcxStats;
 pub const ENABLED: bool = cfg!(feature = "ucx");
 
 #[cfg(feature = "ucx")]
-pub use transport::{UcxFrontend, UcxWorker};
+pub use transport::{UcxControl, UcxFrontend, UcxWorker, bind_frontend};
 
 #[cfg(feature = "ucx")]
 mod transport {
@@ -126,136 +127,89 @@ mod transport {
     use tokio_util::task::TaskTracker;
     use velo_mux::MuxConfig;
     use velo_session::{
-        AcceptSettings, Accepting, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
-        WorkerEndpoint, WorkerSettings,
+        AcceptSettings, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
+        ListeningFrontend, TransportControl, WorkerEndpoint, WorkerSettings,
     };
     use velo_wire::InstanceId;
 
     use crate::driver::{self, Command, Handle};
     use crate::{UcxConfig, UcxError, UcxStats, connector, listener, stats};
 
-    /// A frontend listening for worker lanes over UCX.
-    pub struct UcxFrontend {
-        endpoint: FrontendEndpoint,
-        accepting: Accepting,
-        local_addr: SocketAddr,
+    /// A frontend listening for worker lanes over UCX: velo-session's frontend over this
+    /// crate's listener, with the UCX driver beside it ([`UcxControl`]).
+    pub type UcxFrontend = ListeningFrontend<UcxControl>;
+
+    /// Creates a UCX context and worker, listens on `addr` (port 0: any; the bound port comes
+    /// from `ucp_listener_query`) and starts accepting on `tracker`, as frontend `instance` (a
+    /// fresh one: [`velo_session::new_instance_id`]; a restarted frontend takes a new one).
+    /// Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`UcxError`]: UCX failed to initialise, or the listener could not be created.
+    pub async fn bind_frontend(
+        addr: SocketAddr,
+        instance: InstanceId,
+        mux: MuxConfig,
+        cfg: UcxConfig,
+        acceptor: Arc<dyn Acceptor>,
+        tracker: TaskTracker,
+    ) -> Result<UcxFrontend, UcxError> {
+        let counters = Arc::new(stats::Counters::default());
+        let running = driver::start(&cfg, Some(addr), counters.clone(), &tracker)?;
+        let (Some(port), Some(lanes)) = (running.port, running.accepted) else {
+            unreachable!("a driver started with an address listens");
+        };
+        let settings = FrontendSettings {
+            mux,
+            read_buffer: cfg.read_buffer,
+        };
+        let accept = AcceptSettings {
+            handshake_timeout: cfg.handshake_timeout,
+            max_connections: cfg.max_connections,
+        };
+        Ok(ListeningFrontend::new(
+            FrontendEndpoint::new(settings, instance, acceptor, tracker),
+            listener::UcxLaneListener(lanes),
+            accept,
+            SocketAddr::new(addr.ip(), port),
+            UcxControl {
+                counters,
+                handle: running.handle,
+            },
+        ))
+    }
+
+    /// The UCX driver beside a frontend's lanes: its counters, and how the frontend stops it.
+    pub struct UcxControl {
         counters: Arc<stats::Counters>,
         handle: Handle,
     }
 
-    impl UcxFrontend {
-        /// Creates a UCX context and worker, listens on `addr` (port 0: any; the bound port
-        /// comes from `ucp_listener_query`) and starts accepting on `tracker`. A fresh instance
-        /// id names this frontend in every stream address. Must be called inside a tokio
-        /// runtime.
-        ///
-        /// # Errors
-        ///
-        /// [`UcxError`]: UCX failed to initialise, or the listener could not be created.
-        pub async fn bind(
-            addr: SocketAddr,
-            mux: MuxConfig,
-            cfg: UcxConfig,
-            acceptor: Arc<dyn Acceptor>,
-            tracker: TaskTracker,
-        ) -> Result<Self, UcxError> {
-            Self::bind_as(
-                addr,
-                velo_session::new_instance_id(),
-                mux,
-                cfg,
-                acceptor,
-                tracker,
-            )
-            .await
-        }
-
-        /// [`bind`](Self::bind) with a given instance id (tests restart a frontend under a new
-        /// one).
-        ///
-        /// # Errors
-        ///
-        /// As [`bind`](Self::bind).
-        pub async fn bind_as(
-            addr: SocketAddr,
-            instance: InstanceId,
-            mux: MuxConfig,
-            cfg: UcxConfig,
-            acceptor: Arc<dyn Acceptor>,
-            tracker: TaskTracker,
-        ) -> Result<Self, UcxError> {
-            let counters = Arc::new(stats::Counters::default());
-            let running = driver::start(&cfg, Some(addr), counters.clone(), &tracker)?;
-            let (Some(port), Some(lanes)) = (running.port, running.accepted) else {
-                unreachable!("a driver started with an address listens");
-            };
-            let local_addr = SocketAddr::new(addr.ip(), port);
-            let settings = FrontendSettings {
-                mux,
-                read_buffer: cfg.read_buffer,
-            };
-            let endpoint = FrontendEndpoint::new(settings, instance, acceptor, tracker);
-            let accepting = endpoint.accept(
-                listener::UcxLaneListener(lanes),
-                AcceptSettings {
-                    handshake_timeout: cfg.handshake_timeout,
-                    max_connections: cfg.max_connections,
-                },
-            );
-            tracing::debug!(%local_addr, %instance, "ucx frontend listening");
-            Ok(Self {
-                endpoint,
-                accepting,
-                local_addr,
-                counters,
-                handle: running.handle,
-            })
-        }
-
-        /// Where workers connect.
-        pub fn local_addr(&self) -> SocketAddr {
-            self.local_addr
-        }
-
-        /// This frontend's instance id.
-        pub fn instance(&self) -> InstanceId {
-            self.endpoint.instance()
-        }
-
-        /// The endpoint (connections, stats, go-away).
-        pub fn endpoint(&self) -> &FrontendEndpoint {
-            &self.endpoint
-        }
-
-        /// The handshake counters of every lane accepted.
-        pub fn handshake_stats(&self) -> HandshakeStats {
-            self.accepting.stats()
-        }
-
+    impl UcxControl {
         /// The UCX driver's counters.
         pub fn stats(&self) -> UcxStats {
             self.counters.snapshot()
         }
+    }
 
-        /// Stops accepting (the listener goes, handshakes in progress are dropped), closes
-        /// every lane gracefully (a CLOSE frame each), and lets the driver stop once the last
-        /// lane has closed. Lane tasks and the driver end on their own; wait on the tracker.
-        pub async fn shutdown(&self) {
-            self.accepting.shutdown().await;
+    impl TransportControl for UcxControl {
+        /// The listener goes (connection requests are rejected from now on).
+        async fn stop_listening(&self) {
             let (done, stopped) = tokio::sync::oneshot::channel();
             if self.handle.send(Command::StopListening { done }) {
                 // A dropped reply means the driver stopped, which stops listening too.
                 let _ = stopped.await;
             }
-            self.endpoint.close();
+        }
+
+        /// The driver stops once the last lane has closed.
+        fn close(&self) {
             self.handle.send(Command::Shutdown);
         }
 
-        /// Stops everything at once: no more accepts, every lane's tasks end now, every UCX
-        /// endpoint is force-closed and the driver stops.
-        pub fn abort(&self) {
-            self.accepting.stop();
-            self.endpoint.abort();
+        /// Every UCX endpoint is force-closed and the driver stops.
+        fn abort(&self) {
             self.handle.send(Command::Abort);
         }
     }

@@ -10,8 +10,7 @@ use common::Ucx;
 use tokio_util::task::TaskTracker;
 use velo_mux::StreamEnd;
 use velo_session::contract::{
-    self, Frontend, PROLOGUE, RawPeer, Worker, eventually, handshaken_by_hand, next_item, take,
-    within,
+    self, PROLOGUE, RawPeer, Worker, eventually, handshaken_by_hand, next_item, take, within,
 };
 use velo_ucx::{ProgressEngine, UcxConfig, UcxError};
 
@@ -28,7 +27,7 @@ async fn large_items_cross_by_rendezvous() {
     s.flush();
     let mut r = take(&mut inbox).await;
     assert_eq!(next_item(&mut r).await, big);
-    let st = frontend.0.stats();
+    let st = frontend.transport().stats();
     assert!(st.rendezvous_received > 0, "{st:?}");
 }
 
@@ -69,7 +68,7 @@ async fn an_endpoint_closed_by_the_peer_ends_every_stream_on_it_once() {
     }
     // The driver may fail the lane (a send failing) before it counts the endpoint error.
     eventually("an endpoint error is counted", || {
-        frontend.0.stats().endpoint_errors >= 1
+        frontend.transport().stats().endpoint_errors >= 1
     })
     .await;
 }

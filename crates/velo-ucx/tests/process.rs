@@ -85,7 +85,7 @@ async fn a_worker_process_killed_mid_stream_ends_its_streams_as_lost_once() {
     }
     // The driver may fail the lanes (a send failing) before it counts the endpoint errors.
     eventually("an endpoint error is counted", || {
-        frontend.0.stats().endpoint_errors >= 1
+        frontend.transport().stats().endpoint_errors >= 1
     })
     .await;
 }
@@ -230,7 +230,7 @@ async fn idle_window(engine: velo_ucx::ProgressEngine) {
             frontend.handshake_stats(),
             worker.endpoint().handshake_stats(),
             frontend.endpoint().stats(),
-            frontend.0.stats(),
+            frontend.transport().stats(),
             worker.0.stats(),
         )
     };

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use tokio_util::task::TaskTracker;
-use velo_session::{Acceptor, FrontendEndpoint, HandshakeStats, WorkerEndpoint};
+use velo_session::{
+    Acceptor, FrontendEndpoint, HandshakeStats, ListeningFrontend, TransportControl, WorkerEndpoint,
+};
 
 use crate::{ResponsePlaneConfig, StartError, VeloTransport};
 
@@ -53,7 +55,8 @@ pub(crate) async fn bind_frontend(
     match config.transport() {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => {
-            let f = velo_tcp::TcpFrontend::bind(addr, mux, tcp_config(config), acceptor, tracker)
+            let (cfg, instance) = (tcp_config(config), velo_session::new_instance_id());
+            let f = velo_tcp::bind_frontend(addr, instance, mux, cfg, acceptor, tracker)
                 .await
                 .map_err(|e| StartError::Bind {
                     addr,
@@ -63,7 +66,8 @@ pub(crate) async fn bind_frontend(
         }
         #[cfg(feature = "ucx")]
         VeloTransport::Ucx => {
-            let f = velo_ucx::UcxFrontend::bind(addr, mux, ucx_config(config), acceptor, tracker)
+            let (cfg, instance) = (ucx_config(config), velo_session::new_instance_id());
+            let f = velo_ucx::bind_frontend(addr, instance, mux, cfg, acceptor, tracker)
                 .await
                 .map_err(StartError::Ucx)?;
             Ok(Box::new(f))
@@ -135,27 +139,8 @@ fn ucx_config(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfig {
     }
 }
 
-#[cfg(feature = "tcp")]
-impl FrontendTransport for velo_tcp::TcpFrontend {
-    fn endpoint(&self) -> &FrontendEndpoint {
-        self.endpoint()
-    }
-    fn local_addr(&self) -> SocketAddr {
-        self.local_addr()
-    }
-    fn handshake_stats(&self) -> HandshakeStats {
-        self.stats()
-    }
-    fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.shutdown())
-    }
-    fn abort(&self) {
-        self.abort();
-    }
-}
-
-#[cfg(feature = "ucx")]
-impl FrontendTransport for velo_ucx::UcxFrontend {
+/// Every transport's frontend is velo-session's.
+impl<C: TransportControl> FrontendTransport for ListeningFrontend<C> {
     fn endpoint(&self) -> &FrontendEndpoint {
         self.endpoint()
     }

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::task::TaskTracker;
-use velo_session::contract::{self, FrontendSpec, IoLane, RawListener, Transport, Unreachable};
-use velo_session::{FrontendEndpoint, HandshakeStats, WorkerEndpoint, WorkerSettings};
+use velo_session::contract::{FrontendSpec, IoLane, RawListener, Transport, Unreachable};
+use velo_session::{WorkerEndpoint, WorkerSettings};
 use velo_tcp::{TcpConfig, TcpFrontend, TcpWorker};
 
 /// TCP over the loopback interface.
@@ -16,19 +16,19 @@ use velo_tcp::{TcpConfig, TcpFrontend, TcpWorker};
 pub struct Tcp;
 
 impl Transport for Tcp {
-    type Frontend = Frontend;
+    type Frontend = TcpFrontend;
     type Worker = WorkerEndpoint;
     type Raw = IoLane<TcpStream>;
     type RawListener = RawTcpListener;
 
-    async fn frontend(&self, spec: FrontendSpec) -> io::Result<Frontend> {
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<TcpFrontend> {
         let cfg = TcpConfig {
             handshake_timeout: spec.accept.handshake_timeout,
             max_connections: spec.accept.max_connections,
             ..TcpConfig::default()
         };
         let addr = spec.addr.unwrap_or_else(loopback);
-        let f = TcpFrontend::bind_as(
+        let f = velo_tcp::bind_frontend(
             addr,
             spec.instance,
             spec.mux,
@@ -36,7 +36,7 @@ impl Transport for Tcp {
             spec.acceptor,
             spec.tracker,
         );
-        f.await.map(Frontend)
+        f.await
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
@@ -62,31 +62,6 @@ impl Transport for Tcp {
 
     fn unreachable(&self) -> Unreachable {
         Unreachable::loopback_port()
-    }
-}
-
-/// A TCP frontend as the contract uses it.
-pub struct Frontend(pub TcpFrontend);
-
-impl contract::Frontend for Frontend {
-    fn endpoint(&self) -> &FrontendEndpoint {
-        self.0.endpoint()
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.0.local_addr()
-    }
-
-    fn handshake_stats(&self) -> HandshakeStats {
-        self.0.stats()
-    }
-
-    async fn shutdown(&self) {
-        self.0.shutdown().await;
-    }
-
-    fn abort(&self) {
-        self.0.abort();
     }
 }
 

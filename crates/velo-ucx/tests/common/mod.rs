@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio_util::task::TaskTracker;
 use velo_session::contract::{self, FrontendSpec, RawListener, RawPeer, Transport, Unreachable};
-use velo_session::{FrontendEndpoint, HandshakeStats, WorkerEndpoint, WorkerSettings};
+use velo_session::{WorkerEndpoint, WorkerSettings};
 use velo_ucx::testing::{RawEndpoint, RawLane};
 use velo_ucx::{UcxConfig, UcxFrontend, UcxWorker};
 
@@ -30,19 +30,19 @@ impl Default for Ucx {
 }
 
 impl Transport for Ucx {
-    type Frontend = Frontend;
+    type Frontend = UcxFrontend;
     type Worker = Worker;
     type Raw = UcxRaw;
     type RawListener = RawUcxListener;
 
-    async fn frontend(&self, spec: FrontendSpec) -> io::Result<Frontend> {
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<UcxFrontend> {
         let cfg = UcxConfig {
             handshake_timeout: spec.accept.handshake_timeout,
             max_connections: spec.accept.max_connections,
             ..self.cfg.clone()
         };
         let addr = spec.addr.unwrap_or_else(loopback);
-        let f = UcxFrontend::bind_as(
+        let f = velo_ucx::bind_frontend(
             addr,
             spec.instance,
             spec.mux,
@@ -50,7 +50,7 @@ impl Transport for Ucx {
             spec.acceptor,
             spec.tracker,
         );
-        f.await.map(Frontend).map_err(io::Error::other)
+        f.await.map_err(io::Error::other)
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> Worker {
@@ -101,31 +101,6 @@ impl Transport for Ucx {
 
 /// velo-ucx's bound on tearing down a UCX worker (`sys::TEARDOWN_TIME`).
 const UCX_TEARDOWN: Duration = Duration::from_millis(200);
-
-/// A UCX frontend as the contract uses it.
-pub struct Frontend(pub UcxFrontend);
-
-impl contract::Frontend for Frontend {
-    fn endpoint(&self) -> &FrontendEndpoint {
-        self.0.endpoint()
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.0.local_addr()
-    }
-
-    fn handshake_stats(&self) -> HandshakeStats {
-        self.0.handshake_stats()
-    }
-
-    async fn shutdown(&self) {
-        self.0.shutdown().await;
-    }
-
-    fn abort(&self) {
-        self.0.abort();
-    }
-}
 
 /// A UCX worker as the contract uses it.
 #[derive(Clone)]
