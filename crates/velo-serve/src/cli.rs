@@ -132,6 +132,10 @@ pub struct WorkerArgs {
     /// `DYN_VELO_TEARDOWN_TIMEOUT_MS` and `DYN_VELO_METRICS_ADDR`.)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
+    /// Shut down when standard input ends: the one-command start passes a pipe, so its workers
+    /// exit with it however it ends (a SIGKILL included).
+    #[arg(long, hide = true)]
+    pub exit_with_stdin: bool,
 }
 
 /// A setting that stops start-up.

@@ -82,7 +82,8 @@ fn spawn_worker(args: &ServeArgs, plane: &str, root: &std::path::Path) -> Result
         .env(ENV_BACKEND, "file")
         .env(ENV_FILE_KV, root)
         .env(response_plane::ENV_PLANE, plane)
-        .stdin(Stdio::null())
+        .arg("--exit-with-stdin")
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .kill_on_drop(true);
     if e.flush_per_pass {

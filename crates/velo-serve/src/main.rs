@@ -69,8 +69,28 @@ async fn worker(args: WorkerArgs) -> Result {
         w.instance_id(),
         w.address()
     );
-    embedded::terminated().await;
+    if args.exit_with_stdin {
+        // Cancel safety: both branches only wait.
+        tokio::select! {
+            () = embedded::terminated() => {}
+            () = stdin_closed() => {}
+        }
+    } else {
+        embedded::terminated().await;
+    }
     let report = w.shutdown().await;
     eprintln!("velo-serve worker: shutdown {}", report.outcome());
     Ok(())
+}
+
+/// Resolves when standard input ends (or fails).
+async fn stdin_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 64];
+    while let Ok(n) = stdin.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
 }

@@ -94,6 +94,13 @@ pub fn worker_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -> 
     }
 }
 
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Best effort: the workers' own files go with them; the directory stays otherwise.
+        let _ = std::fs::remove_dir_all(&self.discovery.root);
+    }
+}
+
 impl Cluster {
     /// A frontend (adjusted by `tweak`) and `workers` in-process workers, all discovered.
     pub async fn start(p: Plane, workers: usize, tweak: impl FnOnce(&mut FrontendConfig)) -> Self {
