@@ -40,9 +40,20 @@ pub enum MuxEvent {
         /// What ended it.
         reason: CloseReason,
     },
-    /// Worker: the frontend accepted a stream this side had already finished or reset: its
-    /// end is delivered ([`Mux::end_delivery`](crate::Mux::end_delivery) says `Ok`).
-    Delivered(StreamKey),
+    /// Worker: the frontend took the stream (ACCEPT): from now on it reports the stream's end
+    /// to its reader, so an end this side sends is delivered
+    /// ([`Mux::end_delivery`](crate::Mux::end_delivery) says `Ok`).
+    Accepted(StreamKey),
+    /// Worker: the lane of a stream the frontend had not accepted died: the frontend may never
+    /// have seen it and would wait for it. The driver announces the loss on another lane or
+    /// connection: an OPEN with `ticket`, `token` and an empty prologue (abandoned), then an
+    /// ERROR; that announcement is [`quiet`](crate::Mux::quiet).
+    LostBeforeAccept {
+        /// The stream's registration key.
+        ticket: u64,
+        /// The stream's secret.
+        token: Token,
+    },
     /// Worker: a lane whose buffer was full has room again.
     LaneWritable(LaneId),
     /// A lane failed or was closed. Its streams were told first.

@@ -179,8 +179,8 @@ impl Mux {
         }
     }
 
-    /// Worker: the frontend took the stream. If this side had ended it already, its end is
-    /// now known delivered ([`MuxEvent::Delivered`]).
+    /// Worker: the frontend took the stream ([`MuxEvent::Accepted`]); if this side had ended
+    /// it already, its end is now known delivered.
     fn on_accept(&mut self, lane: LaneId, id: StreamId) -> Result<(), LaneError> {
         let key = Key {
             index: id.slot(),
@@ -193,15 +193,21 @@ impl Mux {
         if s.lane != lane {
             return Err(LaneError::Protocol("ACCEPT for a stream on another lane"));
         }
-        let live = s.state.is_live();
         let Half::Send(h) = &mut s.half else {
             return Ok(());
         };
+        if h.end.as_ref().is_some_and(|e| !e.is_own()) {
+            // Already ended by the frontend or the lane: the answer came too late to matter.
+            self.stats.stale_drops += 1;
+            return Ok(());
+        }
         if std::mem::replace(&mut h.accepted, true) {
             return Err(LaneError::Protocol("a second ACCEPT for a stream"));
         }
-        if !live && matches!(h.end, Some(StreamEnd::Finished | StreamEnd::Reset(_))) {
-            self.events.push_back(MuxEvent::Delivered(key));
+        if h.released {
+            self.streams.remove(key);
+        } else {
+            self.events.push_back(MuxEvent::Accepted(key));
         }
         Ok(())
     }
@@ -234,8 +240,12 @@ impl Mux {
             StreamEnd::Lost(e) => crate::CloseReason::Lost(e.clone()),
             _ => return,
         };
-        h.end = Some(end);
         self.stats.ends_undelivered += 1;
+        if h.released {
+            self.streams.remove(key);
+            return;
+        }
+        h.end = Some(end);
         self.events.push_back(MuxEvent::Closed {
             stream: key,
             reason,

@@ -130,3 +130,11 @@ pub enum StreamEnd {
     #[error("protocol violation: {0}")]
     Violation(&'static str),
 }
+
+impl StreamEnd {
+    /// Worker: whether this side ended the stream itself (FINAL or ERROR sent), rather than
+    /// the frontend or the lane.
+    pub fn is_own(&self) -> bool {
+        matches!(self, Self::Finished | Self::Reset(_))
+    }
+}

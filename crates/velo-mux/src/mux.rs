@@ -559,6 +559,9 @@ impl Mux {
                 _ => None,
             })
             .collect();
+        for &(key, _) in &on_lane {
+            self.announce_if_unseen(key);
+        }
         for (key, live) in on_lane {
             let end = StreamEnd::Lost(error.clone());
             if live {
@@ -583,6 +586,25 @@ impl Mux {
         tracing::debug!(%lane, %error, "lane closed");
         self.events.push_back(MuxEvent::LaneClosed { lane, error });
         self.update_ready_closed(lane);
+    }
+
+    /// Worker: a stream the frontend had not accepted when its lane died may never have
+    /// reached it, and its request would wait for it: ask for the loss to be announced on
+    /// another lane ([`MuxEvent::LostBeforeAccept`]).
+    fn announce_if_unseen(&mut self, key: StreamKey) {
+        if let Some(Stream {
+            half: Half::Send(h),
+            ..
+        }) = self.streams.get(key)
+            && !h.accepted
+            && h.announce
+        {
+            self.stats.opens_lost += 1;
+            self.events.push_back(MuxEvent::LostBeforeAccept {
+                ticket: h.ticket,
+                token: h.token,
+            });
+        }
     }
 
     fn update_ready_closed(&mut self, lane: LaneId) {

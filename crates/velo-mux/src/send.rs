@@ -77,6 +77,10 @@ impl Mux {
                 blocked: false,
                 end: None,
                 accepted: false,
+                ticket,
+                token: *token,
+                announce: true,
+                released: false,
             }),
         };
         let key = self
@@ -229,11 +233,23 @@ impl Mux {
         };
         let (lane, wire, live) = (s.lane, s.wire, s.state.is_live());
         match s.half {
-            Half::Send(_) if live => {
-                // Live, so the reset cannot fail; nothing to report if it did.
-                let _ = self.reset(now, key, RESET_DROPPED, "stream dropped before it finished");
+            Half::Send(_) => {
+                if live {
+                    // Live, so the reset cannot fail; nothing to report if it did.
+                    let _ =
+                        self.reset(now, key, RESET_DROPPED, "stream dropped before it finished");
+                }
+                if let Some(Stream {
+                    half: Half::Send(h),
+                    ..
+                }) = self.streams.get_mut(key)
+                    && h.awaits_delivery()
+                {
+                    // Kept until the frontend answers or the lane dies, so a loss is announced.
+                    h.released = true;
+                    return;
+                }
             }
-            Half::Send(_) => {}
             // Live: cancelled. Ended by the worker but never answered: refused, so the worker
             // learns its end was not taken.
             Half::Recv(_) => self.cancel(now, key, velo_wire::CancelCode::CANCELLED),
@@ -245,6 +261,23 @@ impl Mux {
             l.clear_wire_slot(wire);
         }
         self.streams.remove(key);
+    }
+
+    /// Worker: whether the frontend has taken the stream (its ACCEPT arrived).
+    pub fn is_accepted(&self, key: StreamKey) -> bool {
+        matches!(&self.streams.get(key).map(|s| &s.half), Some(Half::Send(h)) if h.accepted)
+    }
+
+    /// Worker: marks `key` as an announcement of an earlier loss, whose own loss is not
+    /// announced again ([`MuxEvent::LostBeforeAccept`](crate::MuxEvent)).
+    pub fn quiet(&mut self, key: StreamKey) {
+        if let Some(Stream {
+            half: Half::Send(h),
+            ..
+        }) = self.streams.get_mut(key)
+        {
+            h.announce = false;
+        }
     }
 
     /// Worker: whether the frontend asked this stream to stop.
@@ -266,7 +299,7 @@ impl Mux {
     /// [`reset`](Self::reset)) reached the frontend: `Some(Ok(()))` once the frontend has
     /// accepted the stream (before or after the end); `Some(Err(end))` when the lane failed
     /// or the frontend refused the stream first, so the frontend may never have seen it;
-    /// `None` while the answer is on its way ([`MuxEvent::Delivered`](crate::MuxEvent) or
+    /// `None` while the answer is on its way ([`MuxEvent::Accepted`](crate::MuxEvent) or
     /// [`MuxEvent::Closed`](crate::MuxEvent) follows) or for a stream still live.
     pub fn end_delivery(&self, key: StreamKey) -> Option<Result<(), StreamEnd>> {
         let s = self.streams.get(key)?;

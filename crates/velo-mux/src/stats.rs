@@ -99,6 +99,9 @@ counters! {
     /// Worker: streams this side ended (FINAL or ERROR) before the frontend accepted them,
     /// whose lane failed or that the frontend refused first: their end was not delivered.
     ends_undelivered,
+    /// Worker: streams whose lane died before the frontend accepted them, announced again
+    /// on another lane as abandoned so the frontend's request ends.
+    opens_lost,
     /// Frontend: records naming a stream the worker had already ended with FINAL or ERROR.
     records_after_end,
     /// Streams opened (worker) or accepted (frontend).

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use velo_wire::StreamId;
+use velo_wire::{StreamId, Token};
 
 use crate::state::State;
 use crate::{LaneId, StreamEnd};
@@ -41,6 +41,14 @@ pub(crate) struct SendHalf {
     /// The frontend answered the OPEN with ACCEPT: it now reports the stream's end to its
     /// reader whatever happens to the lane, so an end this side sends counts as delivered.
     pub(crate) accepted: bool,
+    /// The OPEN's registration, to announce the stream again if its lane dies before ACCEPT.
+    pub(crate) ticket: u64,
+    pub(crate) token: Token,
+    /// Whether losing the stream before ACCEPT is announced (not for announcements).
+    pub(crate) announce: bool,
+    /// The application let go while the answer was on its way: forget the stream once it
+    /// comes (or the lane dies).
+    pub(crate) released: bool,
 }
 
 impl SendHalf {

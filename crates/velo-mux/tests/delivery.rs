@@ -6,7 +6,7 @@
 mod common;
 
 use velo_mux::testing::{Pair, default_configs};
-use velo_mux::{CloseReason, LaneError, MuxEvent, StreamEnd, StreamKey, TransportEnd};
+use velo_mux::{CloseReason, LaneError, LaneId, MuxEvent, StreamEnd, StreamKey, TransportEnd};
 use velo_wire::CancelCode;
 
 use common::*;
@@ -72,7 +72,7 @@ fn a_finish_waits_for_the_accept_and_is_delivered_once_it_arrives() {
     assert!(
         pair.worker_events
             .iter()
-            .any(|e| matches!(e, MuxEvent::Delivered(k) if *k == s))
+            .any(|e| matches!(e, MuxEvent::Accepted(k) if *k == s))
     );
     assert!(closed_events(&pair, s).is_empty());
     assert_eq!(pair.worker.stats().ends_undelivered, 0);
@@ -114,4 +114,70 @@ fn a_frontend_that_releases_an_unanswered_stream_refuses_it() {
         pair.worker.end_delivery(s),
         Some(Err(StreamEnd::Cancelled(CancelCode::CANCELLED)))
     );
+}
+
+fn lost_opens(pair: &Pair) -> Vec<(u64, velo_wire::Token)> {
+    pair.worker_events
+        .iter()
+        .filter_map(|e| match e {
+            MuxEvent::LostBeforeAccept { ticket, token } => Some((*ticket, *token)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Nobody waits on a stream its worker dropped, so only the worker's mux can say that the
+/// frontend never saw it: it keeps the stream until the answer, and when the lane dies first
+/// it asks for the loss to be announced again (elsewhere) so the frontend's request ends.
+#[test]
+fn a_dropped_stream_the_frontend_never_took_is_announced_when_its_lane_dies() {
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.worker_send(s, b"half");
+    let lane = pair.worker.stream_lane(s).unwrap();
+    pair.worker.release(pair.now, s);
+    assert!(
+        pair.worker.stream_state(s).is_some(),
+        "kept until the answer"
+    );
+    pair.kill_lane(lane);
+    assert_eq!(lost_opens(&pair), vec![(ticket, velo_wire::Token([7; 16]))]);
+    assert!(
+        pair.worker.stream_state(s).is_none(),
+        "forgotten once answered"
+    );
+    assert!(closed_events(&pair, s).is_empty(), "nobody holds it");
+}
+
+/// Live streams the frontend had not accepted when their lane died are announced too; those
+/// it had accepted are not (the frontend ends them itself), nor are announcements.
+#[test]
+fn only_streams_the_frontend_never_took_are_announced() {
+    let (w, f) = configs(|b| b.lanes(1));
+    let mut pair = Pair::new((w, f.with_lanes(1)));
+    let (taken, _) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    let (fresh, fresh_ticket) = pair.open_stream(PROLOGUE);
+    let (notice, _) = pair.open_stream(b"");
+    pair.worker.quiet(notice);
+    pair.kill_lane(LaneId(0));
+    assert_eq!(
+        lost_opens(&pair),
+        vec![(fresh_ticket, velo_wire::Token([7; 16]))]
+    );
+    for s in [taken, fresh, notice] {
+        assert!(matches!(pair.worker.send_end(s), Some(StreamEnd::Lost(_))));
+    }
+    assert_eq!(pair.worker.stats().opens_lost, 1);
+}
+
+#[test]
+fn a_dropped_stream_is_forgotten_once_the_frontend_answers() {
+    let mut pair = Pair::new(default_configs());
+    let (s, _) = pair.open_stream(PROLOGUE);
+    pair.worker.release(pair.now, s);
+    assert!(pair.worker.stream_state(s).is_some());
+    pair.drive();
+    assert!(pair.worker.stream_state(s).is_none());
+    assert!(lost_opens(&pair).is_empty());
 }

@@ -199,6 +199,7 @@ impl FrontendEndpoint {
                     mux,
                     worker.instance_id,
                     Some(self.inner.acceptor.clone()),
+                    None, // a frontend opens no streams, so it loses none before an ACCEPT
                     &self.inner.abort,
                     self.inner.retired.clone(),
                 )

@@ -60,6 +60,10 @@ pub trait Acceptor: Send + Sync + 'static {
     fn accept(&self, incoming: IncomingStream);
 }
 
+/// Called (outside any lock) with the registrations of streams whose lane died before the
+/// frontend accepted them, to announce their loss elsewhere.
+pub(crate) type LostOpens = Arc<dyn Fn(Vec<(u64, Token)>) + Send + Sync>;
+
 /// A connection to one peer (one worker process or one frontend instance). Cheap to clone.
 #[derive(Clone)]
 pub struct Peer {
@@ -82,6 +86,8 @@ pub(crate) struct PeerInner {
     /// go down (they are exported as monotonic counters).
     retired: Retired,
     acceptor: Option<Arc<dyn Acceptor>>,
+    /// Worker: announces streams lost before the frontend accepted them.
+    on_lost: Option<LostOpens>,
 }
 
 /// What a lane's pumps listen to.
@@ -99,6 +105,8 @@ pub(crate) struct PeerState {
     wakers: Vec<Option<StreamWakers>>,
     lane_waiters: Vec<Vec<Waker>>,
     incoming: Vec<(StreamKey, u64, Token, Bytes)>,
+    /// Worker: registrations of streams lost before the frontend accepted them.
+    lost_opens: Vec<(u64, Token)>,
     /// Handles to wake once the lock is released (woken under it, a handle on another thread
     /// would only run into the lock).
     to_wake: Vec<Waker>,
@@ -134,6 +142,7 @@ impl Peer {
         mux: Mux,
         instance: InstanceId,
         acceptor: Option<Arc<dyn Acceptor>>,
+        on_lost: Option<LostOpens>,
         abort: &CancellationToken,
         retired: Retired,
     ) -> Self {
@@ -151,6 +160,7 @@ impl Peer {
                     wakers: Vec::new(),
                     lane_waiters,
                     incoming: Vec::new(),
+                    lost_opens: Vec::new(),
                     to_wake: Vec::new(),
                     lane_closed: false,
                 }),
@@ -162,6 +172,7 @@ impl Peer {
                 done: CancellationToken::new(),
                 retired,
                 acceptor,
+                on_lost,
             }),
         }
     }
@@ -295,7 +306,15 @@ impl Peer {
         } else {
             std::mem::take(&mut st.to_wake)
         };
+        let lost = if st.lost_opens.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut st.lost_opens)
+        };
         drop(st);
+        if let (false, Some(on_lost)) = (lost.is_empty(), &self.inner.on_lost) {
+            on_lost(lost);
+        }
         for w in to_wake {
             w.wake();
         }
@@ -453,11 +472,15 @@ impl PeerState {
                         self.to_wake.append(&mut w.closed);
                     }
                 }
-                MuxEvent::Delivered(k) => {
-                    // A finishing sender waits on its send waker.
+                MuxEvent::Accepted(k) => {
+                    // A finishing sender, or one waiting for the answer, waits on its send
+                    // waker.
                     if let Some(w) = wakers_of(&mut self.wakers, k).and_then(|w| w.send.take()) {
                         self.to_wake.push(w);
                     }
+                }
+                MuxEvent::LostBeforeAccept { ticket, token } => {
+                    self.lost_opens.push((ticket, token));
                 }
                 MuxEvent::LaneWritable(lane) => self.wake_lane_waiters(lane),
                 MuxEvent::LaneClosed { lane, error } => {

@@ -104,6 +104,27 @@ impl SendStream {
         r
     }
 
+    /// Resolves once the frontend has taken the stream (its ACCEPT arrived, about a round
+    /// trip after the OPEN), with `true`; with `false` if the stream ended first. From then on
+    /// the frontend reports the stream's end to its reader whatever happens to the lane.
+    pub async fn accepted(&mut self) -> bool {
+        poll_fn(|cx| {
+            let key = self.key;
+            self.peer.with(|st, _| {
+                if st.mux.is_accepted(key) {
+                    return Poll::Ready(true);
+                }
+                if !st.mux.stream_state(key).is_some_and(|s| s.is_live()) {
+                    return Poll::Ready(false);
+                }
+                // `Accepted` and `Closed` wake the send waker.
+                Peer::register(st, key, WakeOn::Send, cx.waker());
+                Poll::Pending
+            })
+        })
+        .await
+    }
+
     /// Polls whether the end this side gave the stream was delivered.
     fn poll_delivered(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamError>> {
         let key = self.key;
@@ -111,7 +132,7 @@ impl SendStream {
             Some(Ok(())) => Poll::Ready(Ok(())),
             Some(Err(end)) => Poll::Ready(Err(StreamError::Undelivered(end))),
             None => {
-                // `Delivered` and `Closed` wake the send waker.
+                // `Accepted` and `Closed` wake the send waker.
                 Peer::register(st, key, WakeOn::Send, cx.waker());
                 Poll::Pending
             }

@@ -206,6 +206,12 @@ impl WorkerEndpoint {
             .map_err(OpenStreamError::Stream)
     }
 
+    /// Entries in the connection cache: live connections, preparations, failures within
+    /// their backoff, and dead connections not pruned yet (the next preparation prunes them).
+    pub fn cached_connections(&self) -> usize {
+        self.inner.read_peers().len()
+    }
+
     /// Flushes every connection's open batches now.
     pub fn flush(&self) {
         for p in self.peers() {
@@ -289,11 +295,14 @@ impl WorkerInner {
     fn preparation(self: &Arc<Self>, key: FrontendKey) -> Result<Preparation, ConnectError> {
         let mut peers = self.write_peers();
         let now = tokio::time::Instant::now();
-        // Forget expired failures while we hold the lock anyway.
+        // Forget expired failures and dead connections while we hold the lock anyway: a
+        // frontend that restarts or moves leaves its old entry behind, and nothing else
+        // would ever remove it.
         let keep_failure = self.settings.backoff.max;
         peers.retain(|_, e| match e {
             Entry::Failed { retry_at, .. } => *retry_at + keep_failure > now,
-            Entry::Ready(_) | Entry::Preparing { .. } => true,
+            Entry::Ready(p) => !p.inner.done.is_cancelled(),
+            Entry::Preparing { .. } => true,
         });
         let failures = match peers.get(&key) {
             Some(Entry::Ready(p)) if p.is_usable() => {
@@ -466,7 +475,10 @@ pub async fn open_when_room(
     Ok(SendStream::new(peer.clone(), key))
 }
 
-async fn prepare(inner: &WorkerInner, (instance, addr): FrontendKey) -> Result<Peer, ConnectError> {
+async fn prepare(
+    inner: &Arc<WorkerInner>,
+    (instance, addr): FrontendKey,
+) -> Result<Peer, ConnectError> {
     let mux_config = inner.settings.mux.clone();
     let lanes = mux_config.lanes();
     // A fresh id per connection: see docs/protocol.md, HELLO instance_id.
@@ -493,6 +505,7 @@ async fn prepare(inner: &WorkerInner, (instance, addr): FrontendKey) -> Result<P
         Mux::new(mux_config, clock::now()),
         instance,
         None,
+        Some(announcer(inner, (instance, addr))),
         &inner.abort,
         inner.retired.clone(),
     );
@@ -502,4 +515,59 @@ async fn prepare(inner: &WorkerInner, (instance, addr): FrontendKey) -> Result<P
     }
     tracing::debug!(%instance, %addr, lanes, "connection to frontend prepared");
     Ok(peer)
+}
+
+/// What a connection to `frontend` does with streams whose lane died before the frontend
+/// accepted them: announces each loss again, on this connection's other lanes or a new
+/// connection, so the frontend's request ends instead of waiting for a stream that is gone.
+fn announcer(inner: &Arc<WorkerInner>, frontend: FrontendKey) -> crate::peer::LostOpens {
+    let weak = Arc::downgrade(inner);
+    Arc::new(move |lost: Vec<(u64, Token)>| {
+        let Some(inner) = weak.upgrade() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                streams = lost.len(),
+                "no runtime to announce lost streams on"
+            );
+            return;
+        };
+        let endpoint = WorkerEndpoint {
+            inner: inner.clone(),
+        };
+        inner
+            .tracker
+            .spawn_on(announce_lost(endpoint, frontend, lost), &runtime);
+    })
+}
+
+/// Announces each lost stream once: an OPEN with its registration and an empty prologue
+/// (the worker abandoned it, see docs/protocol.md), then an ERROR. The announcement itself is
+/// quiet: if it is lost too, nothing more is sent (the frontend's establish timeout remains).
+async fn announce_lost(
+    endpoint: WorkerEndpoint,
+    (instance, addr): FrontendKey,
+    lost: Vec<(u64, Token)>,
+) {
+    let peer = match endpoint.peer(addr, instance).await {
+        Ok(peer) => peer,
+        Err(e) => {
+            tracing::debug!(%addr, error = %e, streams = lost.len(), "cannot announce lost streams");
+            return;
+        }
+    };
+    for (ticket, token) in lost {
+        let sent = peer.with(|st, now| {
+            let key = st.mux.open(now, ticket, &token, &[])?;
+            st.mux.quiet(key);
+            let reason = "the stream's lane was lost before the frontend took it";
+            st.mux
+                .reset(now, key, velo_mux::RESET_DROPPED, reason)
+                .map_err(StreamError::Misuse)?;
+            st.mux.release(now, key);
+            Ok::<_, StreamError>(())
+        });
+        if let Err(e) = sent {
+            tracing::debug!(%addr, ticket, error = %e, "cannot announce a lost stream");
+        }
+    }
 }

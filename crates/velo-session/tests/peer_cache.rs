@@ -136,8 +136,10 @@ async fn a_frontend_restarted_under_a_new_instance_is_prepared_again() {
             .as_ref(),
         b"hello again"
     );
-    // The dead connection is forgotten.
+    // The dead connection is forgotten, by the cache too (a frontend that restarts, or moves
+    // to another port, must not leave a dead connection behind each time).
     assert_eq!(w.worker.peers().len(), 1);
+    assert_eq!(w.worker.cached_connections(), 1);
     restarted.abort();
     w.shut_down().await;
 }

@@ -189,7 +189,7 @@ impl World {
         while let Some(event) = self.worker.poll_event() {
             match event {
                 MuxEvent::Closed { stream, .. } => self.model.worker_closed(stream),
-                MuxEvent::Delivered(stream) => self.model.worker_delivered(stream),
+                MuxEvent::Accepted(stream) => self.model.worker_accepted(stream),
                 _ => {}
             }
         }

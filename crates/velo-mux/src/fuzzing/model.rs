@@ -33,9 +33,11 @@ pub(crate) struct StreamModel {
     pub(crate) worker_ends: u32,
     /// The worker ended it itself (finish, reset, release while live).
     pub(crate) self_ended: bool,
-    /// Whether that end was delivered, as the worker was told (`Delivered` or `Closed` after
+    /// Whether that end was delivered, as the worker was told (`Accepted` or `Closed` after
     /// its own end): at most once.
     pub(crate) delivery_told: u32,
+    /// `Accepted` events for it: at most one.
+    pub(crate) accepted_told: u32,
     /// The frontend was given the stream once (its OPEN was accepted).
     pub(crate) accepted: bool,
     /// Injected records may have reached it: content checks are off.
@@ -196,7 +198,7 @@ impl Model {
 
     /// The worker's mux reported the stream closed by the frontend or its lane: its end, or,
     /// for a stream it had ended itself, that the end was not delivered (at most once, and
-    /// never after `Delivered`).
+    /// never after `Accepted`).
     pub(crate) fn worker_closed(&mut self, key: StreamKey) {
         let i = self.worker_index(key, "Closed");
         let s = &mut self.streams[i];
@@ -212,19 +214,20 @@ impl Model {
         assert!(s.worker_ends == 1, "stream {i}: ended twice on the worker");
     }
 
-    /// The worker's mux said the end it gave the stream was delivered.
-    pub(crate) fn worker_delivered(&mut self, key: StreamKey) {
-        let i = self.worker_index(key, "Delivered");
+    /// The worker's mux said the frontend took the stream: at most once, and for a stream
+    /// the worker had ended, instead of a `Closed` saying its end was not delivered.
+    pub(crate) fn worker_accepted(&mut self, key: StreamKey) {
+        let i = self.worker_index(key, "Accepted");
         let s = &mut self.streams[i];
-        assert!(
-            s.self_ended,
-            "stream {i}: Delivered for an end the worker did not send"
-        );
-        s.delivery_told += 1;
-        assert!(
-            s.delivery_told == 1,
-            "stream {i}: told twice whether its end was delivered"
-        );
+        s.accepted_told += 1;
+        assert!(s.accepted_told == 1, "stream {i}: accepted twice");
+        if s.self_ended {
+            s.delivery_told += 1;
+            assert!(
+                s.delivery_told == 1,
+                "stream {i}: told twice whether its end was delivered"
+            );
+        }
     }
 
     fn worker_index(&self, key: StreamKey, event: &str) -> usize {

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use velo_mux::StreamEnd;
 use velo_wire::CancelCode;
 
-use super::{Frontend, Transport, frontend, open, send_now, take, within, worker};
+use super::{Frontend, Transport, Worker, frontend, open, send_now, take, within, worker};
 use crate::{SendStream, StreamError};
 
 /// Starts `s.finish(last)` and runs it until its FINAL is queued, so what follows happens
@@ -81,4 +81,36 @@ pub async fn a_finish_succeeds_once_taken_and_fails_when_refused<T: Transport>(n
         )))
     );
     drop(frontend);
+}
+
+/// A worker that drops a stream the frontend never took, and then loses the stream's lane,
+/// announces the loss on a new connection: the frontend gets the same registration again
+/// with an empty prologue (abandoned) and an error end, so its request ends instead of
+/// waiting for a stream that is gone.
+pub async fn a_stream_lost_before_the_frontend_took_it_is_announced_again<T: Transport>(net: T) {
+    let tracker = TaskTracker::new();
+    let (frontend, mut inbox) = frontend(&net, &tracker).await;
+    let worker = worker(&net, &tracker);
+    let mut s = open(&worker, &frontend, 7).await;
+    send_now(&mut s, b"half").await;
+    drop(s);
+    let first = within("the stream arriving", inbox.recv())
+        .await
+        .expect("the inbox is open");
+    assert_eq!((first.ticket(), first.prologue().is_empty()), (7, false));
+    // The frontend has not answered when the worker's connection dies.
+    let peer = worker.endpoint().peers().pop().expect("one connection");
+    peer.close(velo_wire::CloseCode::NORMAL, "the test cuts the connection");
+    let again = within("the announcement", inbox.recv())
+        .await
+        .expect("the inbox is open");
+    assert_eq!(again.ticket(), 7);
+    assert_eq!(again.token(), first.token());
+    assert!(again.prologue().is_empty(), "announced as abandoned");
+    let mut r = again.accept();
+    assert!(
+        matches!(within("the end", r.recv()).await, Some(Err(_))),
+        "an error end"
+    );
+    drop((first, frontend));
 }

@@ -53,6 +53,7 @@ pub use connections::{
 pub use delivery::{
     a_finish_succeeds_once_taken_and_fails_when_refused,
     a_finish_the_frontend_never_took_fails_when_the_frontend_dies,
+    a_stream_lost_before_the_frontend_took_it_is_announced_again,
 };
 pub use handshake::{
     a_peer_silent_after_its_handshake_is_closed_by_the_idle_timer,
@@ -275,6 +276,7 @@ macro_rules! transport_contract {
             story!(large_items_keep_their_order_among_small_ones);
             story!(a_finish_the_frontend_never_took_fails_when_the_frontend_dies);
             story!(a_finish_succeeds_once_taken_and_fails_when_refused);
+            story!(a_stream_lost_before_the_frontend_took_it_is_announced_again);
         }
     };
 }

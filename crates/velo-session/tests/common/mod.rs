@@ -560,7 +560,12 @@ impl World {
             .await
             .expect("the inbox is open");
         assert_eq!(incoming.ticket(), ticket);
-        (tx, incoming.accept())
+        let rx = incoming.accept();
+        let mut tx = tx;
+        // The worker knows the frontend took it (a loss from now on is the frontend's to
+        // report, and nothing is announced again).
+        assert!(within("the ACCEPT", tx.accepted()).await);
+        (tx, rx)
     }
 
     /// Aborts both endpoints and waits for every task they started.
