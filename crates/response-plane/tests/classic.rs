@@ -202,3 +202,53 @@ async fn an_idle_classic_stream_outlives_the_liveness_bound() {
     within("finish", tx.finish()).await.unwrap();
     assert_eq!(within("end", rx.next()).await, None);
 }
+
+/// A worker whose stream's connection died before the frontend took it says so on a new
+/// connection, so the frontend's request ends (retryable) instead of waiting for a stream
+/// that is gone. Here the first connection is cut by a middlebox that takes it and closes
+/// it; later ones pass through to the frontend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_stream_lost_before_the_frontend_took_it_is_announced_again() {
+    let idle = Duration::from_secs(2);
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let (info, pending) = frontend
+        .register::<u32>(RegisterOptions::default())
+        .unwrap();
+    let real = frontend.address();
+    let middlebox = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let info = redirected(&info, middlebox.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut conn, _)) = middlebox.accept().await {
+            if std::mem::take(&mut first) {
+                drop(conn); // cut before anything reaches the frontend
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut up) = tokio::net::TcpStream::connect(real).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                }
+            });
+        }
+    });
+    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
+    let mut tx = within("connect", worker.connect::<u32>(&info))
+        .await
+        .unwrap();
+    // The prologue may or may not make it into the dying socket; either way the stream is
+    // dropped, as an engine does after an error.
+    let _ = tx.send_prologue(Ok(())).await;
+    drop(tx);
+    let r = within("the pending request ends", pending.established()).await;
+    assert!(
+        matches!(
+            r,
+            Err(ResponseError::Disconnected(
+                response_plane::Disconnect::Abandoned
+            ))
+        ),
+        "{r:?}"
+    );
+}

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, KILL, PROLOGUE, SENTINEL, STOP};
+use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
 use crate::info::{StreamAddress, hex_token};
 use crate::{Cause, Disconnect, ResponseError};
@@ -179,6 +179,7 @@ impl ClassicDialer {
             linger: self.liveness,
             write: Arc::downgrade(&write),
             epoch,
+            address: addr.clone(),
         };
         self.tracker.spawn(watch.run(read));
         let mut w = ClassicWriter {
@@ -292,6 +293,17 @@ struct Watch {
     linger: Duration,
     write: Weak<Mutex<OwnedWriteHalf>>,
     epoch: Instant,
+    /// The stream's address: its loss is announced there again if the connection ends
+    /// before the frontend took the stream.
+    address: StreamAddress,
+}
+
+/// How the frontend's side of a classic connection ended.
+enum Ending {
+    /// It killed the stream, refused it, or sent garbage.
+    Refused,
+    /// The connection ended or failed.
+    Lost,
 }
 
 impl Watch {
@@ -306,18 +318,50 @@ impl Watch {
         // Cancel safety: whichever branch wins, the others are dropped and the watch ends; a
         // read in flight loses nothing anyone still needs.
         let heartbeats = heartbeats(&self.control, &self.write, self.epoch, self.linger / 3);
-        tokio::select! {
-            () = heartbeats => {}
-            () = read_control(&mut read, &self.control, &self.cancellations) => {
+        let lost = tokio::select! {
+            () = heartbeats => false,
+            ending = read_control(&mut read, &self.control, &self.cancellations) => {
                 self.control.raise(KILLED, &self.cancellations);
+                matches!(ending, Ending::Lost)
             }
             () = self.stop.cancelled() => {
                 self.control.end();
                 // The writer half may live on in a wedged engine: close the connection now.
                 let _ = socket2::SockRef::from(read.as_ref()).shutdown(std::net::Shutdown::Both);
+                false
             }
-            () = gone => self.control.end(),
+            () = gone => {
+                self.control.end();
+                true
+            }
+        };
+        if lost && !self.control.accepted.load(Ordering::Acquire) {
+            drop(read);
+            announce_abandoned(&self.address, self.linger).await;
         }
+    }
+}
+
+/// The connection of a stream the frontend had not taken ended: the frontend may never have
+/// seen it, and its request would wait. Says so on a new connection, once: the stream's name,
+/// then an empty prologue (abandoned), so the frontend's pending request ends (retryable).
+/// Bounded by `within`; a failure is only logged (the frontend's establish timeout remains).
+async fn announce_abandoned(address: &StreamAddress, within: Duration) {
+    let announce = async {
+        let mut stream = TcpStream::connect(address.addr).await?;
+        stream.set_nodelay(true)?;
+        let token = address.token().map_err(std::io::Error::other)?;
+        let name = serde_json::json!({ "stream": address.ticket, "token": hex_token(&token) });
+        let name = name.to_string();
+        let mut out = frame::header(HANDSHAKE, name.len()).to_vec();
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&frame::header(PROLOGUE, 0));
+        stream.write_all(&out).await?;
+        stream.shutdown().await
+    };
+    let outcome = tokio::time::timeout(within.max(CONNECT_TIMEOUT), announce).await;
+    if !matches!(outcome, Ok(Ok(()))) {
+        tracing::debug!(addr = %address.addr, ticket = address.ticket, "cannot announce a lost classic stream");
     }
 }
 
@@ -367,7 +411,7 @@ async fn read_control(
     read: &mut OwnedReadHalf,
     control: &ClassicControl,
     cancellations: &AtomicU64,
-) {
+) -> Ending {
     let mut buf = BytesMut::with_capacity(64);
     loop {
         match frame::decode(&mut buf, 0) {
@@ -379,13 +423,12 @@ async fn read_control(
                 control.accept();
                 continue;
             }
-            Ok(Some((KILL, _))) => return,
-            // Anything else from the frontend is garbage: the stream is as good as killed.
-            Ok(Some(_)) | Err(_) => return,
+            // A kill, or garbage: the stream is as good as killed.
+            Ok(Some(_)) | Err(_) => return Ending::Refused,
             Ok(None) => {}
         }
         match read.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return Ending::Lost,
             Ok(_) => {}
         }
     }
