@@ -109,7 +109,9 @@ pub(crate) fn campaign(opts: &Options) -> Result {
     let mut targets = list_targets()?;
     if let Some(only) = &opts.target {
         if !targets.contains(only) {
-            return Err(format!("no fuzz target `{only}` (targets: {})", targets.join(", ")).into());
+            return Err(
+                format!("no fuzz target `{only}` (targets: {})", targets.join(", ")).into(),
+            );
         }
         targets = vec![only.clone()];
     }
@@ -268,7 +270,11 @@ fn crash_note(target: &str, status: ExitStatus, log: &str, path: &Path) -> Strin
 fn print_tail(text: &str, log: &Path) {
     let lines: Vec<&str> = text.lines().collect();
     let from = lines.len().saturating_sub(LOG_TAIL_LINES);
-    eprintln!("--- last {} lines of {} ---", lines.len() - from, log.display());
+    eprintln!(
+        "--- last {} lines of {} ---",
+        lines.len() - from,
+        log.display()
+    );
     for line in &lines[from..] {
         eprintln!("{line}");
     }
@@ -288,15 +294,17 @@ mod tests {
             parse_execs("#42\tNEW cov: 1\nDone 434527 runs in 31 second(s)\n"),
             Some(434_527)
         );
-        assert_eq!(parse_execs("#7\tNEW cov: 1\n#99\tDONE   cov: 3\n"), Some(99));
+        assert_eq!(
+            parse_execs("#7\tNEW cov: 1\n#99\tDONE   cov: 3\n"),
+            Some(99)
+        );
         assert_eq!(parse_execs("INFO: Seed: 1\n"), None);
     }
 
     #[test]
     fn a_campaign_takes_seconds_or_runs_and_maybe_a_target() {
-        let parse = |args: &[&str]| {
-            Options::parse(&args.iter().map(|&a| a.to_owned()).collect::<Vec<_>>())
-        };
+        let parse =
+            |args: &[&str]| Options::parse(&args.iter().map(|&a| a.to_owned()).collect::<Vec<_>>());
         assert_eq!(
             parse(&[]).ok(),
             Some(Options {

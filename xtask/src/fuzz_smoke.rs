@@ -95,7 +95,10 @@ pub(crate) fn run(opts: Options) -> Result {
 
 /// Every target has a replay test and every replayed target exists.
 fn check_owners(targets: &[String]) -> Result {
-    let owned: Vec<&str> = REPLAYS.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+    let owned: Vec<&str> = REPLAYS
+        .iter()
+        .flat_map(|(_, t)| t.iter().copied())
+        .collect();
     let unowned: Vec<&str> = targets
         .iter()
         .map(String::as_str)
