@@ -5,7 +5,7 @@
 //! boxed per socket read or write. Writes take owned [`Bytes`] chunks rather than slices so a
 //! transport that hands buffers to a NIC (UCX) keeps them alive without copying.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
@@ -46,11 +46,22 @@ pub trait LaneListener: Send + 'static {
     fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Box<dyn RawLane>>>>;
 }
 
-/// Opens raw lanes to a frontend (a worker's side of a transport).
+/// Opens raw lanes to a frontend (a worker's side of a transport). Any function of the
+/// address returning a future of the lane is one: `move |addr| dial(cfg.clone(), addr)`.
 pub trait Dialer: Send + Sync + 'static {
     /// Connects one lane to `addr`. Connecting is rare (once per lane per frontend), so a
     /// boxed future is fine here.
     fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>>;
+}
+
+impl<F, Fut> Dialer for F
+where
+    F: Fn(SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = io::Result<Box<dyn RawLane>>> + Send + 'static,
+{
+    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>> {
+        Box::pin(self(addr))
+    }
 }
 
 /// A lane's two halves.

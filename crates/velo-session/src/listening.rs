@@ -3,10 +3,48 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
+use tokio_util::task::TaskTracker;
+use velo_mux::MuxConfig;
 use velo_wire::InstanceId;
 
-use crate::{AcceptSettings, Accepting, FrontendEndpoint, HandshakeStats, LaneListener};
+use crate::{Accepting, Acceptor, FrontendEndpoint, HandshakeStats, LaneListener, SessionSettings};
+
+/// What every transport's frontend is made of besides its transport: who it is, how its
+/// connections run, where their streams go and where their tasks run.
+pub struct FrontendParts {
+    /// Its instance id (part of every stream address it hands out); a restarted frontend
+    /// takes a new one ([`new_instance_id`](crate::new_instance_id)).
+    pub instance: InstanceId,
+    /// The mux configuration (frontend side).
+    pub mux: MuxConfig,
+    /// Where incoming streams go.
+    pub acceptor: Arc<dyn Acceptor>,
+    /// Where its accept loop and lane tasks run.
+    pub tracker: TaskTracker,
+}
+
+impl FrontendParts {
+    /// A frontend under a fresh instance id.
+    pub fn new(mux: MuxConfig, acceptor: Arc<dyn Acceptor>, tracker: TaskTracker) -> Self {
+        Self {
+            instance: crate::new_instance_id(),
+            mux,
+            acceptor,
+            tracker,
+        }
+    }
+}
+
+impl std::fmt::Debug for FrontendParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontendParts")
+            .field("instance", &self.instance)
+            .field("mux", &self.mux)
+            .finish_non_exhaustive()
+    }
+}
 
 /// What a transport runs beside a frontend's listener and lanes (velo-ucx: the progress
 /// driver that owns the UCX worker), told as the frontend stops. A transport with nothing to
@@ -41,16 +79,23 @@ pub struct ListeningFrontend<C = ()> {
 }
 
 impl<C: TransportControl> ListeningFrontend<C> {
-    /// Starts accepting lanes from `listener` into `endpoint`, on the endpoint's tracker, within
-    /// the bounds of `accept`. `local_addr` is where `listener` listens.
+    /// A frontend endpoint made of `parts` with `session`'s settings, accepting lanes from
+    /// `listener` (which listens at `local_addr`) on `parts.tracker`; `transport` runs beside.
     pub fn new(
-        endpoint: FrontendEndpoint,
+        parts: FrontendParts,
+        session: &SessionSettings,
         listener: impl LaneListener,
-        accept: AcceptSettings,
         local_addr: SocketAddr,
         transport: C,
     ) -> Self {
-        let accepting = endpoint.accept(listener, accept);
+        let FrontendParts {
+            instance,
+            mux,
+            acceptor,
+            tracker,
+        } = parts;
+        let endpoint = FrontendEndpoint::new(session.frontend(mux), instance, acceptor, tracker);
+        let accepting = endpoint.accept(listener, session.accept());
         tracing::debug!(%local_addr, instance = %endpoint.instance(), "frontend listening");
         Self {
             endpoint,

@@ -13,8 +13,7 @@ use common::{MemListener, MemNet};
 use tokio_util::task::TaskTracker;
 use velo_session::contract::{FrontendSpec, RawListener, Transport, Unreachable};
 use velo_session::{
-    Dialer, FrontendEndpoint, FrontendSettings, LaneListener, ListeningFrontend, RawLane,
-    WorkerEndpoint, WorkerSettings,
+    Dialer, LaneListener, ListeningFrontend, RawLane, WorkerEndpoint, WorkerSettings,
 };
 
 velo_session::transport_contract!(memory => Memory);
@@ -50,20 +49,10 @@ impl Transport for Memory {
     type RawListener = MemRawListener;
 
     async fn frontend(&self, spec: FrontendSpec) -> io::Result<ListeningFrontend> {
-        let addr = spec.addr.unwrap_or_else(|| self.fresh_addr());
-        let settings = FrontendSettings {
-            mux: spec.mux,
-            read_buffer: velo_session::DEFAULT_READ_BUFFER,
-        };
-        let endpoint = FrontendEndpoint::new(settings, spec.instance, spec.acceptor, spec.tracker);
+        let (parts, session, addr) = spec.into_parts();
+        let addr = addr.unwrap_or_else(|| self.fresh_addr());
         let listener = self.net.listen(addr);
-        Ok(ListeningFrontend::new(
-            endpoint,
-            listener,
-            spec.accept,
-            addr,
-            (),
-        ))
+        Ok(ListeningFrontend::new(parts, &session, listener, addr, ()))
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {

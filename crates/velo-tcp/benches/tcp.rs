@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 use velo_mux::{FlushPolicy, MuxConfig, Side};
+use velo_session::FrontendParts;
 use velo_session::bench::{self, EachItem, Stop, ThreadCpu, Timing};
 use velo_tcp::{TcpConfig, TcpWorker};
 use velo_wire::Token;
@@ -55,18 +56,14 @@ fn run(streams: u64, lanes: u16, policy: FlushPolicy, timing: Timing) -> Outcome
             ftid_tx.send(ThreadCpu::current()).unwrap();
             let tracker = TaskTracker::new();
             let mux = MuxConfig::builder(Side::Frontend).build().unwrap();
-            let f = velo_tcp::bind_frontend(
-                "127.0.0.1:0".parse().unwrap(),
-                velo_session::new_instance_id(),
-                mux,
-                TcpConfig::default(),
-                Arc::new(EachItem(move |_| {
-                    delivered.fetch_add(1, Ordering::Relaxed);
-                })),
-                tracker.clone(),
-            )
-            .await
-            .unwrap();
+            let acceptor = EachItem(move |_| {
+                delivered.fetch_add(1, Ordering::Relaxed);
+            });
+            let parts = FrontendParts::new(mux, Arc::new(acceptor), tracker.clone());
+            let addr = "127.0.0.1:0".parse().unwrap();
+            let f = velo_tcp::bind_frontend(addr, TcpConfig::default(), parts)
+                .await
+                .unwrap();
             addr_tx.send((f.local_addr(), f.instance())).unwrap();
             stop.wait().await;
             f.abort();

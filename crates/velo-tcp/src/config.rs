@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use velo_session::{Backoff, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
+use velo_session::SessionSettings;
 
 /// Default time to establish a TCP connection: 3 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -23,20 +23,15 @@ pub struct TcpConfig {
     pub recv_buffer: Option<u32>,
     /// Bound on establishing a TCP connection (worker).
     pub connect_timeout: Duration,
-    /// Bound on the handshake of one lane (both sides).
-    pub handshake_timeout: Duration,
-    /// Connections a frontend holds at most; more are refused with CLOSE `limit`.
-    pub max_connections: usize,
     /// Listen backlog (frontend).
     pub backlog: u32,
-    /// Each lane reader's buffer, in bytes.
-    pub read_buffer: usize,
-    /// Backoff between failed preparations of one frontend (worker).
-    pub backoff: Backoff,
     /// How long the kernel keeps a lane whose peer vanished (`TCP_USER_TIMEOUT`, and
     /// keepalive probes from a third of it); set it to the mux's idle timeout. `None` leaves
     /// the kernel's defaults (retransmissions for about 15 minutes).
     pub liveness: Option<Duration>,
+    /// What velo-session takes: the handshake bound (from the TCP connection on), the
+    /// frontend's connection limit, the lane reader's buffer, the worker's backoff.
+    pub session: SessionSettings,
 }
 
 impl Default for TcpConfig {
@@ -45,12 +40,9 @@ impl Default for TcpConfig {
             send_buffer: Some(DEFAULT_SOCKET_BUFFER),
             recv_buffer: Some(DEFAULT_SOCKET_BUFFER),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
             backlog: DEFAULT_BACKLOG,
-            read_buffer: velo_session::DEFAULT_READ_BUFFER,
-            backoff: Backoff::default(),
             liveness: Some(DEFAULT_LIVENESS),
+            session: SessionSettings::default(),
         }
     }
 }

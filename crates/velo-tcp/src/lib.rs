@@ -21,8 +21,8 @@
 //!
 //! let tracker = TaskTracker::new();
 //! let frontend_mux = MuxConfig::builder(Side::Frontend).build().unwrap();
-//! let instance = velo_session::new_instance_id();
-//! let frontend = velo_tcp::bind_frontend("127.0.0.1:0".parse().unwrap(), instance, frontend_mux, TcpConfig::default(), acceptor, tracker.clone()).await?;
+//! let parts = velo_session::FrontendParts::new(frontend_mux, acceptor, tracker.clone());
+//! let frontend = velo_tcp::bind_frontend("127.0.0.1:0".parse().unwrap(), TcpConfig::default(), parts).await?;
 //!
 //! let worker = TcpWorker::new(MuxConfig::builder(Side::Worker).build().unwrap(), TcpConfig::default(), tracker.clone());
 //! let mut stream = worker
@@ -46,11 +46,7 @@ use std::sync::Arc;
 
 use tokio_util::task::TaskTracker;
 use velo_mux::MuxConfig;
-use velo_session::{
-    AcceptSettings, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
-    ListeningFrontend, WorkerEndpoint, WorkerSettings,
-};
-use velo_wire::InstanceId;
+use velo_session::{FrontendParts, HandshakeStats, ListeningFrontend, WorkerEndpoint};
 
 pub use config::{
     DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS, DEFAULT_SOCKET_BUFFER, TcpConfig,
@@ -60,42 +56,30 @@ pub use config::{
 /// listener, with nothing running beside it.
 pub type TcpFrontend = ListeningFrontend;
 
-/// Binds `addr` (socket buffers are sized before `listen`) and starts accepting on `tracker`,
-/// as frontend `instance` (a fresh one: [`velo_session::new_instance_id`]; a restarted
-/// frontend takes a new one).
+/// Binds `addr` (socket buffers are sized before `listen`) and starts accepting as `frontend`
+/// says.
 ///
 /// # Errors
 ///
 /// The I/O error of creating, configuring, binding or listening on the socket.
 pub async fn bind_frontend(
     addr: SocketAddr,
-    instance: InstanceId,
-    mux: MuxConfig,
     cfg: TcpConfig,
-    acceptor: Arc<dyn Acceptor>,
-    tracker: TaskTracker,
+    frontend: FrontendParts,
 ) -> std::io::Result<TcpFrontend> {
     let sock = socket::socket(addr, &cfg)?;
     sock.set_reuseaddr(true)?;
     sock.bind(addr)?;
     let listener = sock.listen(cfg.backlog)?;
     let local_addr = listener.local_addr()?;
-    let settings = FrontendSettings {
-        mux,
-        read_buffer: cfg.read_buffer,
-    };
     let listener = listener::TcpLaneListener {
         listener,
         liveness: cfg.liveness,
     };
-    let accept = AcceptSettings {
-        handshake_timeout: cfg.handshake_timeout,
-        max_connections: cfg.max_connections,
-    };
     Ok(ListeningFrontend::new(
-        FrontendEndpoint::new(settings, instance, acceptor, tracker),
+        frontend,
+        &cfg.session,
         listener,
-        accept,
         local_addr,
         (),
     ))
@@ -110,15 +94,10 @@ pub struct TcpWorker {
 impl TcpWorker {
     /// A worker whose connections have `mux.lanes()` lanes each; lane tasks run on `tracker`.
     pub fn new(mux: MuxConfig, cfg: TcpConfig, tracker: TaskTracker) -> Self {
-        let settings = WorkerSettings {
-            backoff: cfg.backoff,
-            read_buffer: cfg.read_buffer,
-            handshake_timeout: cfg.handshake_timeout,
-            ..WorkerSettings::new(mux)
-        };
-        let dialer = Arc::new(dialer::TcpDialer { cfg });
+        let settings = cfg.session.worker(mux);
+        let dialer = move |addr| dialer::dial(cfg.clone(), addr);
         Self {
-            endpoint: WorkerEndpoint::new(settings, dialer, tracker),
+            endpoint: WorkerEndpoint::new(settings, Arc::new(dialer), tracker),
         }
     }
 

@@ -28,16 +28,14 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 use velo_mux::{FlushPolicy, MuxConfig, Side};
 use velo_session::bench::{self, EachItem, Stop, Timing};
 use velo_session::{
-    AcceptSettings, Acceptor, Dialer, FrontendEndpoint, FrontendSettings, LaneListener,
-    ListeningFrontend, RawLane, StreamLane, WorkerEndpoint, WorkerSettings,
+    Acceptor, FrontendParts, LaneListener, ListeningFrontend, RawLane, SessionSettings, StreamLane,
+    WorkerEndpoint, WorkerSettings,
 };
 use velo_ucx::{ProgressEngine, UcxConfig, UcxFrontend, UcxWorker};
 use velo_wire::{InstanceId, Token};
@@ -125,24 +123,16 @@ enum Front {
 impl Front {
     async fn bind(lanes: Lanes, acceptor: Arc<dyn Acceptor>, tracker: &TaskTracker) -> Self {
         let mux = MuxConfig::builder(Side::Frontend).build().unwrap();
+        let parts = FrontendParts::new(mux, acceptor, tracker.clone());
+        let addr = "127.0.0.1:0".parse().unwrap();
         match lanes {
-            Lanes::Tcp => Self::Tcp(bind_tcp(mux, acceptor, tracker).await),
+            Lanes::Tcp => Self::Tcp(bind_tcp(addr, parts).await),
             Lanes::Ucx(engine) => {
                 let cfg = UcxConfig {
                     engine,
                     ..UcxConfig::loopback()
                 };
-                let f = velo_ucx::bind_frontend(
-                    "127.0.0.1:0".parse().unwrap(),
-                    velo_session::new_instance_id(),
-                    mux,
-                    cfg,
-                    acceptor,
-                    tracker.clone(),
-                )
-                .await
-                .unwrap();
-                Self::Ucx(f)
+                Self::Ucx(velo_ucx::bind_frontend(addr, cfg, parts).await.unwrap())
             }
         }
     }
@@ -171,7 +161,7 @@ fn worker_endpoint(
         Lanes::Tcp => {
             let settings = WorkerSettings::new(mux);
             (
-                WorkerEndpoint::new(settings, Arc::new(TcpDial), tracker.clone()),
+                WorkerEndpoint::new(settings, Arc::new(dial_tcp), tracker.clone()),
                 None,
             )
         }
@@ -347,26 +337,12 @@ fn main() {
 
 // --- A minimal TCP lane transport over velo-session (see the module docs) ------------------
 
-/// A frontend taking plain TCP lanes on a loopback port.
-async fn bind_tcp(
-    mux: MuxConfig,
-    acceptor: Arc<dyn Acceptor>,
-    tracker: &TaskTracker,
-) -> ListeningFrontend {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// A frontend taking plain TCP lanes on `addr`.
+async fn bind_tcp(addr: SocketAddr, parts: FrontendParts) -> ListeningFrontend {
+    let listener = TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let settings = FrontendSettings {
-        mux,
-        read_buffer: velo_session::DEFAULT_READ_BUFFER,
-    };
-    let endpoint = FrontendEndpoint::new(
-        settings,
-        velo_session::new_instance_id(),
-        acceptor,
-        tracker.clone(),
-    );
-    let accept = AcceptSettings::default();
-    ListeningFrontend::new(endpoint, TcpAccept(listener), accept, addr, ())
+    let session = SessionSettings::default();
+    ListeningFrontend::new(parts, &session, TcpAccept(listener), addr, ())
 }
 
 /// Plain TCP lanes for the comparison (velo-tcp sets more socket options; a bench of velo-ucx
@@ -384,17 +360,11 @@ impl LaneListener for TcpAccept {
     }
 }
 
-struct TcpDial;
-
-impl Dialer for TcpDial {
-    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>> {
-        async move {
-            let stream = TcpStream::connect(addr).await?;
-            stream.set_nodelay(true)?;
-            Ok(tcp_lane(stream))
-        }
-        .boxed()
-    }
+/// Dials a plain TCP lane.
+async fn dial_tcp(addr: SocketAddr) -> io::Result<Box<dyn RawLane>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    Ok(tcp_lane(stream))
 }
 
 fn tcp_lane(stream: TcpStream) -> Box<dyn RawLane> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use velo_session::{Backoff, DEFAULT_MAX_CONNECTIONS};
+use velo_session::SessionSettings;
 
 /// Default time a new lane has to complete its handshake: 5 s. UCX reports an unreachable
 /// frontend asynchronously (an endpoint error after `ucp_ep_create` returned), so the HELLO
@@ -45,18 +45,14 @@ pub struct UcxConfig {
     pub net_devices: Option<String>,
     /// Where the UCX worker is progressed.
     pub engine: ProgressEngine,
-    /// Bound on the handshake of one lane, including UCX connection setup (both sides).
-    pub handshake_timeout: Duration,
-    /// Lanes a frontend holds at most; more are refused with CLOSE `limit`.
-    pub max_connections: usize,
     /// Bound on flushing a closing lane before its endpoint is force-closed.
     pub close_timeout: Duration,
     /// Bytes received on a lane and not yet read that make the lane fail (peer's fault).
     pub max_lane_queue_bytes: usize,
-    /// Each lane reader's buffer, in bytes.
-    pub read_buffer: usize,
-    /// Backoff between failed preparations of one frontend (worker).
-    pub backoff: Backoff,
+    /// What velo-session takes: the handshake bound (which also bounds UCX connection setup,
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`] by default), the frontend's connection limit, the lane
+    /// reader's buffer, the worker's backoff.
+    pub session: SessionSettings,
 }
 
 impl Default for UcxConfig {
@@ -65,12 +61,12 @@ impl Default for UcxConfig {
             tls: None,
             net_devices: None,
             engine: ProgressEngine::default(),
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
             max_lane_queue_bytes: DEFAULT_MAX_LANE_QUEUE_BYTES,
-            read_buffer: velo_session::DEFAULT_READ_BUFFER,
-            backoff: Backoff::default(),
+            session: SessionSettings {
+                handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+                ..SessionSettings::default()
+            },
         }
     }
 }

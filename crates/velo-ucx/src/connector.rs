@@ -5,30 +5,19 @@
 use std::io;
 use std::net::SocketAddr;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
-use velo_session::{Dialer, RawLane};
+use velo_session::RawLane;
 
 use crate::driver::{ConnectFailure, Handle};
 
-pub(crate) struct UcxDialer {
-    pub(crate) handle: Handle,
-}
-
-impl Dialer for UcxDialer {
-    fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Box<dyn RawLane>>> {
-        let handle = self.handle.clone();
-        async move {
-            match handle.connect(addr).await {
-                Ok(lane) => Ok(Box::new(lane) as Box<dyn RawLane>),
-                Err(e @ ConnectFailure::Stopped) => {
-                    Err(io::Error::new(io::ErrorKind::ConnectionAborted, e))
-                }
-                Err(e @ ConnectFailure::Ucx { .. }) => {
-                    Err(io::Error::new(io::ErrorKind::ConnectionRefused, e))
-                }
-            }
+/// Connects one lane to `addr` through the driver behind `handle`.
+pub(crate) async fn dial(handle: Handle, addr: SocketAddr) -> io::Result<Box<dyn RawLane>> {
+    match handle.connect(addr).await {
+        Ok(lane) => Ok(Box::new(lane)),
+        Err(e @ ConnectFailure::Stopped) => {
+            Err(io::Error::new(io::ErrorKind::ConnectionAborted, e))
         }
-        .boxed()
+        Err(e @ ConnectFailure::Ucx { .. }) => {
+            Err(io::Error::new(io::ErrorKind::ConnectionRefused, e))
+        }
     }
 }

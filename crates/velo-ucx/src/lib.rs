@@ -62,8 +62,8 @@
 //!
 //! let tracker = TaskTracker::new();
 //! let frontend_mux = MuxConfig::builder(Side::Frontend).build().unwrap();
-//! let instance = velo_session::new_instance_id();
-//! let frontend = velo_ucx::bind_frontend("127.0.0.1:0".parse().unwrap(), instance, frontend_mux, UcxConfig::default(), acceptor, tracker.clone()).await?;
+//! let parts = velo_session::FrontendParts::new(frontend_mux, acceptor, tracker.clone());
+//! let frontend = velo_ucx::bind_frontend("127.0.0.1:0".parse().unwrap(), UcxConfig::default(), parts).await?;
 //!
 //! let worker = UcxWorker::new(MuxConfig::builder(Side::Worker).build().unwrap(), UcxConfig::default(), tracker.clone())?;
 //! let mut stream = worker
@@ -127,10 +127,8 @@ mod transport {
     use tokio_util::task::TaskTracker;
     use velo_mux::MuxConfig;
     use velo_session::{
-        AcceptSettings, Acceptor, FrontendEndpoint, FrontendSettings, HandshakeStats,
-        ListeningFrontend, TransportControl, WorkerEndpoint, WorkerSettings,
+        FrontendParts, HandshakeStats, ListeningFrontend, TransportControl, WorkerEndpoint,
     };
-    use velo_wire::InstanceId;
 
     use crate::driver::{self, Command, Handle};
     use crate::{UcxConfig, UcxError, UcxStats, connector, listener, stats};
@@ -140,43 +138,34 @@ mod transport {
     pub type UcxFrontend = ListeningFrontend<UcxControl>;
 
     /// Creates a UCX context and worker, listens on `addr` (port 0: any; the bound port comes
-    /// from `ucp_listener_query`) and starts accepting on `tracker`, as frontend `instance` (a
-    /// fresh one: [`velo_session::new_instance_id`]; a restarted frontend takes a new one).
-    /// Must be called inside a tokio runtime.
+    /// from `ucp_listener_query`) and starts accepting as `frontend` says. Must be called
+    /// inside a tokio runtime.
     ///
     /// # Errors
     ///
     /// [`UcxError`]: UCX failed to initialise, or the listener could not be created.
     pub async fn bind_frontend(
         addr: SocketAddr,
-        instance: InstanceId,
-        mux: MuxConfig,
         cfg: UcxConfig,
-        acceptor: Arc<dyn Acceptor>,
-        tracker: TaskTracker,
+        frontend: FrontendParts,
     ) -> Result<UcxFrontend, UcxError> {
         let counters = Arc::new(stats::Counters::default());
-        let running = driver::start(&cfg, Some(addr), counters.clone(), &tracker)?;
+        let running = driver::start(&cfg, Some(addr), counters.clone(), &frontend.tracker)?;
         let (Some(port), Some(lanes)) = (running.port, running.accepted) else {
             unreachable!("a driver started with an address listens");
         };
-        let settings = FrontendSettings {
-            mux,
-            read_buffer: cfg.read_buffer,
+        let control = UcxControl {
+            counters,
+            handle: running.handle,
         };
-        let accept = AcceptSettings {
-            handshake_timeout: cfg.handshake_timeout,
-            max_connections: cfg.max_connections,
-        };
+        let local_addr = SocketAddr::new(addr.ip(), port);
+        let listener = listener::UcxLaneListener(lanes);
         Ok(ListeningFrontend::new(
-            FrontendEndpoint::new(settings, instance, acceptor, tracker),
-            listener::UcxLaneListener(lanes),
-            accept,
-            SocketAddr::new(addr.ip(), port),
-            UcxControl {
-                counters,
-                handle: running.handle,
-            },
+            frontend,
+            &cfg.session,
+            listener,
+            local_addr,
+            control,
         ))
     }
 
@@ -232,17 +221,11 @@ mod transport {
         pub fn new(mux: MuxConfig, cfg: UcxConfig, tracker: TaskTracker) -> Result<Self, UcxError> {
             let counters = Arc::new(stats::Counters::default());
             let running = driver::start(&cfg, None, counters.clone(), &tracker)?;
-            let settings = WorkerSettings {
-                backoff: cfg.backoff,
-                read_buffer: cfg.read_buffer,
-                handshake_timeout: cfg.handshake_timeout,
-                ..WorkerSettings::new(mux)
-            };
-            let dialer = Arc::new(connector::UcxDialer {
-                handle: running.handle.clone(),
-            });
+            let settings = cfg.session.worker(mux);
+            let handle = running.handle.clone();
+            let dialer = move |addr| connector::dial(handle.clone(), addr);
             Ok(Self {
-                endpoint: WorkerEndpoint::new(settings, dialer, tracker),
+                endpoint: WorkerEndpoint::new(settings, Arc::new(dialer), tracker),
                 counters,
                 handle: running.handle,
             })

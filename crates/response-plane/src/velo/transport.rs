@@ -7,7 +7,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tokio_util::task::TaskTracker;
 use velo_session::{
-    Acceptor, FrontendEndpoint, HandshakeStats, ListeningFrontend, TransportControl, WorkerEndpoint,
+    Acceptor, FrontendEndpoint, FrontendParts, HandshakeStats, ListeningFrontend, TransportControl,
+    WorkerEndpoint,
 };
 
 use crate::{ResponsePlaneConfig, StartError, VeloTransport};
@@ -51,12 +52,11 @@ pub(crate) async fn bind_frontend(
     acceptor: Arc<dyn Acceptor>,
     tracker: TaskTracker,
 ) -> Result<Box<dyn FrontendTransport>, StartError> {
-    let mux = config.mux(velo_mux::Side::Frontend);
+    let parts = FrontendParts::new(config.mux(velo_mux::Side::Frontend), acceptor, tracker);
     match config.transport() {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => {
-            let (cfg, instance) = (tcp_config(config), velo_session::new_instance_id());
-            let f = velo_tcp::bind_frontend(addr, instance, mux, cfg, acceptor, tracker)
+            let f = velo_tcp::bind_frontend(addr, tcp_config(config), parts)
                 .await
                 .map_err(|e| StartError::Bind {
                     addr,
@@ -66,8 +66,7 @@ pub(crate) async fn bind_frontend(
         }
         #[cfg(feature = "ucx")]
         VeloTransport::Ucx => {
-            let (cfg, instance) = (ucx_config(config), velo_session::new_instance_id());
-            let f = velo_ucx::bind_frontend(addr, instance, mux, cfg, acceptor, tracker)
+            let f = velo_ucx::bind_frontend(addr, ucx_config(config), parts)
                 .await
                 .map_err(StartError::Ucx)?;
             Ok(Box::new(f))

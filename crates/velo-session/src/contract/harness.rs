@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,10 @@ use tokio_util::task::TaskTracker;
 use velo_mux::{MuxConfig, MuxConfigBuilder, Side};
 
 use super::{BOUND, Frontend, FrontendSpec, PROLOGUE, TOKEN, Transport, Worker};
-use crate::{AcceptSettings, Acceptor, IncomingStream, RecvStream, SendStream, WorkerSettings};
+use crate::{
+    AcceptSettings, Acceptor, FrontendParts, IncomingStream, RecvStream, SendStream,
+    SessionSettings, WorkerSettings,
+};
 
 /// Hands incoming streams to the story through a bounded channel.
 pub struct Inbox(pub mpsc::Sender<IncomingStream>);
@@ -21,6 +25,25 @@ impl Acceptor for Inbox {
         if let Err(e) = self.0.try_send(incoming) {
             panic!("test inbox full: {e}");
         }
+    }
+}
+
+impl FrontendSpec {
+    /// What a transport binds the frontend with: its parts, the session settings it asks for
+    /// (its accept bounds, the rest at their defaults) and its address (`None`: any free one).
+    pub fn into_parts(self) -> (FrontendParts, SessionSettings, Option<SocketAddr>) {
+        let parts = FrontendParts {
+            instance: self.instance,
+            mux: self.mux,
+            acceptor: self.acceptor,
+            tracker: self.tracker,
+        };
+        let session = SessionSettings {
+            handshake_timeout: self.accept.handshake_timeout,
+            max_connections: self.accept.max_connections,
+            ..SessionSettings::default()
+        };
+        (parts, session, self.addr)
     }
 }
 

@@ -22,28 +22,17 @@ impl Transport for Tcp {
     type RawListener = RawTcpListener;
 
     async fn frontend(&self, spec: FrontendSpec) -> io::Result<TcpFrontend> {
+        let (parts, session, addr) = spec.into_parts();
         let cfg = TcpConfig {
-            handshake_timeout: spec.accept.handshake_timeout,
-            max_connections: spec.accept.max_connections,
+            session,
             ..TcpConfig::default()
         };
-        let addr = spec.addr.unwrap_or_else(loopback);
-        let f = velo_tcp::bind_frontend(
-            addr,
-            spec.instance,
-            spec.mux,
-            cfg,
-            spec.acceptor,
-            spec.tracker,
-        );
-        f.await
+        velo_tcp::bind_frontend(addr.unwrap_or_else(loopback), cfg, parts).await
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
         let cfg = TcpConfig {
-            backoff: settings.backoff,
-            read_buffer: settings.read_buffer,
-            handshake_timeout: settings.handshake_timeout,
+            session: settings.session(),
             ..TcpConfig::default()
         };
         // A TCP worker is its endpoint: closing it closes the endpoint.

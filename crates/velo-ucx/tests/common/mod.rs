@@ -36,28 +36,18 @@ impl Transport for Ucx {
     type RawListener = RawUcxListener;
 
     async fn frontend(&self, spec: FrontendSpec) -> io::Result<UcxFrontend> {
+        let (parts, session, addr) = spec.into_parts();
         let cfg = UcxConfig {
-            handshake_timeout: spec.accept.handshake_timeout,
-            max_connections: spec.accept.max_connections,
+            session,
             ..self.cfg.clone()
         };
-        let addr = spec.addr.unwrap_or_else(loopback);
-        let f = velo_ucx::bind_frontend(
-            addr,
-            spec.instance,
-            spec.mux,
-            cfg,
-            spec.acceptor,
-            spec.tracker,
-        );
-        f.await.map_err(io::Error::other)
+        let bound = velo_ucx::bind_frontend(addr.unwrap_or_else(loopback), cfg, parts).await;
+        bound.map_err(io::Error::other)
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> Worker {
         let cfg = UcxConfig {
-            backoff: settings.backoff,
-            read_buffer: settings.read_buffer,
-            handshake_timeout: settings.handshake_timeout,
+            session: settings.session(),
             ..self.cfg.clone()
         };
         Worker(UcxWorker::new(settings.mux, cfg, tracker.clone()).expect("a UCX worker starts"))
