@@ -7,8 +7,9 @@
 //! Below: `velo-mux` (the sans-IO state machine) and `velo-wire`. Above: the transports
 //! (`velo-tcp`, `velo-ucx`), which provide only bytes: a [`RawLane`] (one connection, read
 //! and written poll by poll), a [`LaneListener`] that yields them to a frontend and a
-//! [`Dialer`] that opens them for a worker. Everything else is here, once for every
-//! transport: the HELLO/CLOSE exchange and its checks, the accept loop with its connection
+//! [`Dialer`] that opens them for a worker ([`StreamLane`] makes any tokio byte stream a
+//! lane), and carry [`SessionSettings`] in their configuration. Everything else is here, once
+//! for every transport: the HELLO/CLOSE exchange and its checks, the accept loop with its connection
 //! limit and handshake deadline, dialing a connection's lanes, the handshake counters, the
 //! pumps and the timers. This crate never opens a socket or names a transport. It never
 //! spawns a task of its own accord: every task goes on the [`TaskTracker`] the caller passes

@@ -37,15 +37,6 @@ impl FrontendParts {
     }
 }
 
-impl std::fmt::Debug for FrontendParts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrontendParts")
-            .field("instance", &self.instance)
-            .field("mux", &self.mux)
-            .finish_non_exhaustive()
-    }
-}
-
 /// What a transport runs beside a frontend's listener and lanes (velo-ucx: the progress
 /// driver that owns the UCX worker), told as the frontend stops. A transport with nothing to
 /// tell (velo-tcp: the kernel runs its sockets) uses `()`.

@@ -27,17 +27,6 @@ impl<S, R, W> StreamLane<S, R, W> {
     pub fn new(stream: S, split: fn(S) -> (R, W)) -> Self {
         Self { stream, split }
     }
-
-    /// The stream (its socket options, its peer's address).
-    pub fn get_ref(&self) -> &S {
-        &self.stream
-    }
-}
-
-impl<S, R, W> std::fmt::Debug for StreamLane<S, R, W> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StreamLane { .. }")
-    }
 }
 
 impl<S, R, W> LaneRead for StreamLane<S, R, W>
