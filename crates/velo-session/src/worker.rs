@@ -518,8 +518,10 @@ async fn prepare(
 }
 
 /// What a connection to `frontend` does with streams whose lane died before the frontend
-/// accepted them: announces each loss again, on this connection's other lanes or a new
-/// connection, so the frontend's request ends instead of waiting for a stream that is gone.
+/// accepted them: announces each loss again, on any usable connection to that frontend
+/// instance (this one's other lanes, one via another address) or else a new connection at
+/// the stream's address, so the frontend's request ends instead of waiting for a stream that
+/// is gone.
 fn announcer(inner: &Arc<WorkerInner>, frontend: FrontendKey) -> crate::peer::LostOpens {
     let weak = Arc::downgrade(inner);
     Arc::new(move |lost: Vec<(u64, Token)>| {
@@ -548,7 +550,17 @@ async fn announce_lost(
     (instance, addr): FrontendKey,
     lost: Vec<(u64, Token)>,
 ) {
-    let peer = match endpoint.peer(addr, instance).await {
+    // Any connection to that frontend instance will do: the address in the request may be
+    // the very path that failed (a proxy, a port that moved).
+    let any = endpoint.inner.read_peers().values().find_map(|e| match e {
+        Entry::Ready(p) if p.instance() == instance && p.is_usable() => Some(p.clone()),
+        _ => None,
+    });
+    let found = match any {
+        Some(peer) => Ok(peer),
+        None => endpoint.peer(addr, instance).await,
+    };
+    let peer = match found {
         Ok(peer) => peer,
         Err(e) => {
             tracing::debug!(%addr, error = %e, streams = lost.len(), "cannot announce lost streams");
