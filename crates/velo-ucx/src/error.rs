@@ -1,6 +1,8 @@
 //! Why the UCX transport could not start.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Why a UCX frontend or worker could not start. Every variant is a local problem (the UCX
 /// installation, its configuration, or the address); peers cause none of them.
@@ -39,5 +41,39 @@ pub enum UcxError {
     },
     /// The dedicated progress thread could not be started.
     #[error("UCX initialisation failed: cannot start the progress thread: {0}")]
-    Thread(String),
+    Thread(#[source] ThreadFailure),
 }
+
+/// Why the dedicated progress thread (`ProgressEngine::Thread`) could not be started.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ThreadFailure {
+    /// The OS would not spawn it.
+    #[error("cannot spawn it: {0}")]
+    Spawn(#[source] Arc<std::io::Error>),
+    /// Its runtime could not be built.
+    #[error("cannot build its runtime: {0}")]
+    Runtime(#[source] Arc<std::io::Error>),
+    /// It did not report ready in time.
+    #[error("it did not report ready within {0:?}")]
+    Timeout(Duration),
+    /// It ended before reporting ready.
+    #[error("it ended before reporting ready")]
+    Ended,
+}
+
+/// Failures compare by kind (an I/O error by its `ErrorKind`).
+impl PartialEq for ThreadFailure {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Spawn(a), Self::Spawn(b)) | (Self::Runtime(a), Self::Runtime(b)) => {
+                a.kind() == b.kind()
+            }
+            (Self::Timeout(a), Self::Timeout(b)) => a == b,
+            (Self::Ended, Self::Ended) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ThreadFailure {}

@@ -109,7 +109,7 @@ pub use config::{
     DEFAULT_CLOSE_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_LANE_QUEUE_BYTES, ProgressEngine,
     UcxConfig,
 };
-pub use error::UcxError;
+pub use error::{ThreadFailure, UcxError};
 pub use message::MAX_MESSAGE_BYTES;
 pub use stats::UcxStats;
 

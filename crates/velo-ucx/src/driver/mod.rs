@@ -34,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
 use crate::config::check_transports;
+use crate::error::ThreadFailure;
 use crate::lane::{Inbox, Lane};
 use crate::reorder::Reorder;
 use crate::stats::Counters;
@@ -184,7 +185,8 @@ pub(crate) fn start(
                     {
                         Ok(rt) => rt,
                         Err(e) => {
-                            let _ = ready_tx.send(Err(UcxError::Thread(e.to_string())));
+                            let failure = ThreadFailure::Runtime(Arc::new(e));
+                            let _ = ready_tx.send(Err(UcxError::Thread(failure)));
                             return;
                         }
                     };
@@ -200,14 +202,19 @@ pub(crate) fn start(
                         }
                     });
                 })
-                .map_err(|e| UcxError::Thread(e.to_string()))?;
+                .map_err(|e| UcxError::Thread(ThreadFailure::Spawn(Arc::new(e))))?;
             // The thread is accounted for on the tracker like any task of ours.
             tracker.spawn(async move {
                 let _ = exit_rx.await;
             });
-            let (port, accepted) = ready_rx
-                .recv_timeout(THREAD_START_TIMEOUT)
-                .map_err(|e| UcxError::Thread(e.to_string()))??;
+            let (port, accepted) = ready_rx.recv_timeout(THREAD_START_TIMEOUT).map_err(|e| {
+                UcxError::Thread(match e {
+                    std::sync::mpsc::RecvTimeoutError::Timeout => {
+                        ThreadFailure::Timeout(THREAD_START_TIMEOUT)
+                    }
+                    std::sync::mpsc::RecvTimeoutError::Disconnected => ThreadFailure::Ended,
+                })
+            })??;
             Ok(Running {
                 handle,
                 port,
