@@ -47,12 +47,14 @@ pub enum MuxEvent {
     /// Worker: the lane of a stream the frontend had not accepted died: the frontend may never
     /// have seen it and would wait for it. The driver announces the loss on another lane or
     /// connection: an OPEN with `ticket`, `token` and an empty prologue (abandoned), then an
-    /// ERROR; that announcement is [`quiet`](crate::Mux::quiet).
+    /// ERROR, opened with [`set_announcements`](crate::Mux::set_announcements)`(remaining)`.
     LostBeforeAccept {
         /// The stream's registration key.
         ticket: u64,
         /// The stream's secret.
         token: Token,
+        /// How many more times the announcement's own loss may be announced.
+        remaining: u8,
     },
     /// Worker: a lane whose buffer was full has room again.
     LaneWritable(LaneId),

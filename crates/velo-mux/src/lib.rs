@@ -98,7 +98,7 @@ pub use input::COPY_BELOW;
 pub use lane::{LaneId, LaneState};
 pub use mux::{CHAIN_THRESHOLD, LaneSet, MAX_TRANSMIT_CHUNKS, Mux, Transmit};
 pub use recv::Recv;
-pub use send::RESET_DROPPED;
+pub use send::{ANNOUNCEMENTS, RESET_DROPPED};
 pub use slab::Key as StreamKey;
 pub use stats::{BATCH_RECORDS_BUCKETS, Counter, MuxStats};
 

@@ -597,12 +597,13 @@ impl Mux {
             ..
         }) = self.streams.get(key)
             && !h.accepted
-            && h.announce
+            && h.announcements > 0
         {
             self.stats.opens_lost += 1;
             self.events.push_back(MuxEvent::LostBeforeAccept {
                 ticket: h.ticket,
                 token: h.token,
+                remaining: h.announcements - 1,
             });
         }
     }

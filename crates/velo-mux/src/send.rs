@@ -23,6 +23,11 @@ enum Placement {
     Full,
 }
 
+/// How many times the loss of one stream before the frontend's ACCEPT is announced: the
+/// original loss and up to two lost announcements (lanes of one connection often die
+/// together).
+pub const ANNOUNCEMENTS: u8 = 3;
+
 /// Error code sent in an ERROR record when a worker releases a stream it never finished
 /// (the application dropped its sender): the frontend sees an abnormal end.
 pub const RESET_DROPPED: ErrorCode = ErrorCode::DROPPED;
@@ -79,7 +84,7 @@ impl Mux {
                 accepted: false,
                 ticket,
                 token: *token,
-                announce: true,
+                announcements: ANNOUNCEMENTS,
                 released: false,
             }),
         };
@@ -268,15 +273,16 @@ impl Mux {
         matches!(&self.streams.get(key).map(|s| &s.half), Some(Half::Send(h)) if h.accepted)
     }
 
-    /// Worker: marks `key` as an announcement of an earlier loss, whose own loss is not
-    /// announced again ([`MuxEvent::LostBeforeAccept`](crate::MuxEvent)).
-    pub fn quiet(&mut self, key: StreamKey) {
+    /// Worker: how many more times the loss of `key` before ACCEPT is announced
+    /// ([`MuxEvent::LostBeforeAccept`](crate::MuxEvent)); an announcement is opened with the
+    /// `remaining` its event carried, so a chain of losses ends.
+    pub fn set_announcements(&mut self, key: StreamKey, remaining: u8) {
         if let Some(Stream {
             half: Half::Send(h),
             ..
         }) = self.streams.get_mut(key)
         {
-            h.announce = false;
+            h.announcements = remaining;
         }
     }
 

@@ -44,8 +44,9 @@ pub(crate) struct SendHalf {
     /// The OPEN's registration, to announce the stream again if its lane dies before ACCEPT.
     pub(crate) ticket: u64,
     pub(crate) token: Token,
-    /// Whether losing the stream before ACCEPT is announced (not for announcements).
-    pub(crate) announce: bool,
+    /// How many more times losing the stream before ACCEPT is announced: an announcement
+    /// that is lost too is announced again, a bounded number of times.
+    pub(crate) announcements: u8,
     /// The application let go while the answer was on its way: forget the stream once it
     /// comes (or the lane dies).
     pub(crate) released: bool,

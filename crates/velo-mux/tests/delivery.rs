@@ -120,7 +120,7 @@ fn lost_opens(pair: &Pair) -> Vec<(u64, velo_wire::Token)> {
     pair.worker_events
         .iter()
         .filter_map(|e| match e {
-            MuxEvent::LostBeforeAccept { ticket, token } => Some((*ticket, *token)),
+            MuxEvent::LostBeforeAccept { ticket, token, .. } => Some((*ticket, *token)),
             _ => None,
         })
         .collect()
@@ -159,7 +159,7 @@ fn only_streams_the_frontend_never_took_are_announced() {
     pair.drive();
     let (fresh, fresh_ticket) = pair.open_stream(PROLOGUE);
     let (notice, _) = pair.open_stream(b"");
-    pair.worker.quiet(notice);
+    pair.worker.set_announcements(notice, 0);
     pair.kill_lane(LaneId(0));
     assert_eq!(
         lost_opens(&pair),

@@ -60,9 +60,13 @@ pub trait Acceptor: Send + Sync + 'static {
     fn accept(&self, incoming: IncomingStream);
 }
 
-/// Called (outside any lock) with the registrations of streams whose lane died before the
+/// A stream lost before the frontend accepted it: its registration, and how many more times
+/// an announcement of it may itself be announced.
+pub(crate) type LostOpen = (u64, Token, u8);
+
+/// Called (outside any lock) with the connection and the streams whose lane died before the
 /// frontend accepted them, to announce their loss elsewhere.
-pub(crate) type LostOpens = Arc<dyn Fn(Vec<(u64, Token)>) + Send + Sync>;
+pub(crate) type LostOpens = Arc<dyn Fn(&Peer, Vec<LostOpen>) + Send + Sync>;
 
 /// A connection to one peer (one worker process or one frontend instance). Cheap to clone.
 #[derive(Clone)]
@@ -106,7 +110,7 @@ pub(crate) struct PeerState {
     lane_waiters: Vec<Vec<Waker>>,
     incoming: Vec<(StreamKey, u64, Token, Bytes)>,
     /// Worker: registrations of streams lost before the frontend accepted them.
-    lost_opens: Vec<(u64, Token)>,
+    lost_opens: Vec<LostOpen>,
     /// Handles to wake once the lock is released (woken under it, a handle on another thread
     /// would only run into the lock).
     to_wake: Vec<Waker>,
@@ -313,7 +317,7 @@ impl Peer {
         };
         drop(st);
         if let (false, Some(on_lost)) = (lost.is_empty(), &self.inner.on_lost) {
-            on_lost(lost);
+            on_lost(self, lost);
         }
         for w in to_wake {
             w.wake();
@@ -479,9 +483,11 @@ impl PeerState {
                         self.to_wake.push(w);
                     }
                 }
-                MuxEvent::LostBeforeAccept { ticket, token } => {
-                    self.lost_opens.push((ticket, token));
-                }
+                MuxEvent::LostBeforeAccept {
+                    ticket,
+                    token,
+                    remaining,
+                } => self.lost_opens.push((ticket, token, remaining)),
                 MuxEvent::LaneWritable(lane) => self.wake_lane_waiters(lane),
                 MuxEvent::LaneClosed { lane, error } => {
                     tracing::debug!(%lane, %error, "lane closed");

@@ -518,13 +518,11 @@ async fn prepare(
 }
 
 /// What a connection to `frontend` does with streams whose lane died before the frontend
-/// accepted them: announces each loss again, on any usable connection to that frontend
-/// instance (this one's other lanes, one via another address) or else a new connection at
-/// the stream's address, so the frontend's request ends instead of waiting for a stream that
-/// is gone.
+/// accepted them: announces each loss again, so the frontend's request ends instead of
+/// waiting for a stream that is gone. See [`announce_lost`].
 fn announcer(inner: &Arc<WorkerInner>, frontend: FrontendKey) -> crate::peer::LostOpens {
     let weak = Arc::downgrade(inner);
-    Arc::new(move |lost: Vec<(u64, Token)>| {
+    Arc::new(move |dying: &Peer, lost: Vec<crate::peer::LostOpen>| {
         let Some(inner) = weak.upgrade() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
@@ -536,28 +534,36 @@ fn announcer(inner: &Arc<WorkerInner>, frontend: FrontendKey) -> crate::peer::Lo
         let endpoint = WorkerEndpoint {
             inner: inner.clone(),
         };
-        inner
-            .tracker
-            .spawn_on(announce_lost(endpoint, frontend, lost), &runtime);
+        let announce = announce_lost(endpoint, dying.clone(), frontend, lost);
+        inner.tracker.spawn_on(announce, &runtime);
     })
 }
 
-/// Announces each lost stream once: an OPEN with its registration and an empty prologue
-/// (the worker abandoned it, see docs/protocol.md), then an ERROR. The announcement itself is
-/// quiet: if it is lost too, nothing more is sent (the frontend's establish timeout remains).
+/// Announces each lost stream: an OPEN with its registration and an empty prologue (the
+/// worker abandoned it, see docs/protocol.md), then an ERROR. It goes on another usable
+/// connection to that frontend instance if there is one (the address in the request may be
+/// the very path that failed: a proxy, a port that moved), else on the dying connection's
+/// remaining lanes, else on a new connection at the address. An announcement that is lost
+/// too is announced again, at most [`velo_mux::ANNOUNCEMENTS`] times in all.
 async fn announce_lost(
     endpoint: WorkerEndpoint,
+    dying: Peer,
     (instance, addr): FrontendKey,
-    lost: Vec<(u64, Token)>,
+    lost: Vec<crate::peer::LostOpen>,
 ) {
-    // Any connection to that frontend instance will do: the address in the request may be
-    // the very path that failed (a proxy, a port that moved).
-    let any = endpoint.inner.read_peers().values().find_map(|e| match e {
-        Entry::Ready(p) if p.instance() == instance && p.is_usable() => Some(p.clone()),
+    let other = endpoint.inner.read_peers().values().find_map(|e| match e {
+        Entry::Ready(p)
+            if p.instance() == instance
+                && p.is_usable()
+                && !Arc::ptr_eq(&p.inner, &dying.inner) =>
+        {
+            Some(p.clone())
+        }
         _ => None,
     });
-    let found = match any {
+    let found = match other {
         Some(peer) => Ok(peer),
+        None if dying.is_usable() => Ok(dying),
         None => endpoint.peer(addr, instance).await,
     };
     let peer = match found {
@@ -567,10 +573,10 @@ async fn announce_lost(
             return;
         }
     };
-    for (ticket, token) in lost {
+    for (ticket, token, remaining) in lost {
         let sent = peer.with(|st, now| {
             let key = st.mux.open(now, ticket, &token, &[])?;
-            st.mux.quiet(key);
+            st.mux.set_announcements(key, remaining);
             let reason = "the stream's lane was lost before the frontend took it";
             st.mux
                 .reset(now, key, velo_mux::RESET_DROPPED, reason)
