@@ -2,6 +2,7 @@
 //! their own cargo workspaces under `peers/`, which speak the same role protocol
 //! ([`crate::roles`]).
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use response_plane::{Batching, Plane, ResponsePlaneConfig, VeloTransport};
@@ -175,12 +176,22 @@ pub fn select(spec: &str) -> Result<Vec<Arm>, String> {
         .collect()
 }
 
-/// Our plane's configuration for arm `name`, and whether its engines flush once per pass.
+/// Our plane's configuration for arm `name` on loopback, and whether its engines flush once
+/// per pass.
 ///
 /// # Errors
 ///
 /// For a name that is not one of our arms.
 pub fn our_config(name: &str) -> Result<(ResponsePlaneConfig, bool), String> {
+    our_config_at(name, std::net::Ipv4Addr::LOCALHOST.into())
+}
+
+/// As [`our_config`], the frontend listening on (and giving workers) `host`.
+///
+/// # Errors
+///
+/// For a name that is not one of our arms.
+pub fn our_config_at(name: &str, host: IpAddr) -> Result<(ResponsePlaneConfig, bool), String> {
     let five = Batching::Delay(Duration::from_millis(5));
     let velo = |transport, batching| {
         ResponsePlaneConfig::builder()
@@ -197,7 +208,7 @@ pub fn our_config(name: &str) -> Result<(ResponsePlaneConfig, bool), String> {
         other => return Err(format!("{other:?} is not one of this binary's arms")),
     };
     let config = builder
-        .host(Some(std::net::Ipv4Addr::LOCALHOST.into()))
+        .host(Some(host))
         .build()
         .map_err(|e| format!("arm {name:?}: {e}"))?;
     Ok((config, flush))

@@ -1,5 +1,5 @@
-//! The velo-rs benchmark: a mock LLM serving fleet (Dynamo's mocker timing model), a
-//! closed-loop load, and a side-by-side report of response planes.
+//! The velo-rs benchmark: a mock LLM serving fleet (Dynamo's mocker timing model), closed- and
+//! open-loop loads, and a side-by-side report of response planes.
 //!
 //! The binary runs as an orchestrator that spawns, for every run of every arm, fresh frontend
 //! and worker processes of itself (hidden `frontend` and `worker` roles), so that CPU time is
@@ -13,9 +13,12 @@
 
 pub mod adapter;
 pub mod arms;
+pub mod engine_stats;
 pub mod frontend;
 pub mod item;
 pub mod mocker;
+pub mod netns;
+pub mod open_loop;
 pub mod orchestrate;
 pub mod peers;
 pub mod plots;
@@ -24,4 +27,5 @@ pub mod protocol;
 pub mod report;
 pub mod reqplane;
 pub mod roles;
+pub mod suite;
 pub mod worker;

@@ -35,6 +35,15 @@ pub fn pass_time(new_tokens: u32, kv_tokens: u64, speedup: f64) -> Duration {
     Duration::from_secs_f64(ms / speedup.max(0.001) / 1000.0)
 }
 
+/// The prefill part of a pass that admitted `new_tokens` prompt tokens (zero when none),
+/// divided by `speedup`.
+pub fn prefill_time(new_tokens: u32, speedup: f64) -> Duration {
+    if new_tokens == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(prefill_ms(new_tokens) / speedup.max(0.001) / 1000.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +67,9 @@ mod tests {
         assert!((prefill_ms(0) - 16.5).abs() < 1e-9);
         assert!((prefill_ms(1000) - (0.421 + 15.18 + 16.5)).abs() < 1e-9);
         assert!(pass_time(1000, 0, 10.0) > pass_time(0, 0, 10.0));
+        let prefill = pass_time(1000, 0, 10.0) - pass_time(0, 0, 10.0);
+        assert!((prefill.as_secs_f64() - prefill_time(1000, 10.0).as_secs_f64()).abs() < 1e-9);
+        assert_eq!(prefill_time(0, 10.0), Duration::ZERO);
     }
 
     #[test]

@@ -1,32 +1,44 @@
 //! Runs arms: fresh frontend and worker processes per run ([`crate::roles`]), sampled by the
-//! kernel's counters at the frontend's window lines ([`crate::protocol`]).
+//! kernel's counters and the engines' own at the frontends' window lines
+//! ([`crate::protocol`]).
+
+mod window;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write as _};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use crate::arms::{Arm, Conns, PeerBin, Runner};
-use crate::frontend::FrontendReport;
-use crate::procfs;
-use crate::protocol::{FrontendLine, WorkerLine};
+use crate::arms::{Arm, PeerBin, Runner};
+use crate::engine_stats::EngineStats;
+use crate::frontend::{FrontendReport, Load};
+use crate::netns::Netns;
+use crate::protocol::{FrontendCommand, FrontendLine, WorkerCommand, WorkerLine};
 use crate::roles::{FrontendArgs, Role, WorkerArgs};
+use window::{Fleet, Tracker};
 
 /// How every arm is run.
 #[derive(Debug, Clone)]
 pub struct RunOpts {
-    /// Requests in flight.
-    pub concurrency: u32,
-    /// Measurement window.
+    /// How requests arrive (split evenly over the frontends).
+    pub load: Load,
+    /// Each measurement window.
     pub duration: Duration,
-    /// Warm-up before the window.
+    /// Warm-up before the first window.
     pub warmup: Duration,
+    /// Time a window's requests get to end before it is reported (an open loop's next rate
+    /// runs meanwhile).
+    pub settle: Duration,
     /// Mock engines in all, spread over the worker processes.
     pub workers: u32,
     /// Worker processes.
     pub worker_processes: u32,
+    /// Frontend processes.
+    pub frontends: u32,
     /// Prompt length.
     pub isl: u32,
     /// Output length.
@@ -35,12 +47,15 @@ pub struct RunOpts {
     pub speedup: f64,
     /// Frontend runtime threads (1: a current-thread runtime).
     pub frontend_threads: u32,
-    /// Pin the frontend to CPU 0 and the workers to CPU 1.
+    /// Pin the frontends to CPU 0 and the workers to CPU 1.
     pub pin: bool,
     /// The peer binaries, built ([`crate::peers::ensure_built`]) before the first run.
     pub peer_bins: BTreeMap<PeerBin, PathBuf>,
     /// Where child processes' logs go.
     pub log_dir: PathBuf,
+    /// Every process in its own network namespace ([`Netns`]: frontends are its first hosts,
+    /// workers the next), or all on loopback (`None`).
+    pub netns: Option<Arc<Netns>>,
 }
 
 impl RunOpts {
@@ -48,60 +63,143 @@ impl RunOpts {
     pub fn engines_per_process(&self) -> u32 {
         self.workers.div_ceil(self.worker_processes.max(1)).max(1)
     }
-}
 
-/// One run of one arm, as measured.
-#[derive(Debug, Clone)]
-pub struct Run {
-    /// What the frontend measured.
-    pub report: FrontendReport,
-    /// Frontend CPU over the window, seconds.
-    pub frontend_cpu_s: f64,
-    /// All worker processes' CPU over the window, seconds.
-    pub worker_cpu_s: f64,
-    /// Packets sent on the host over the window: TCP segments plus UDP datagrams.
-    pub segments: u64,
-    /// The plane's connections at mid-window, counted as the arm says ([`Conns`]).
-    pub connections: u64,
-}
+    /// Frontend `i`'s share of the load.
+    fn load_of(&self, i: u32) -> Load {
+        let n = self.frontends.max(1);
+        match &self.load {
+            Load::Closed { concurrency } => Load::Closed {
+                concurrency: concurrency / n + u32::from(i < concurrency % n),
+            },
+            Load::Open {
+                rates,
+                seed,
+                max_in_flight,
+            } => Load::Open {
+                rates: rates.iter().map(|r| r / f64::from(n)).collect(),
+                seed: seed.wrapping_add(u64::from(i)),
+                max_in_flight: *max_in_flight,
+            },
+        }
+    }
 
-/// Kills its children when dropped, so no run outlives its measurement.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
+    /// The host (netns index) and address of frontend `i` or worker process `i`.
+    fn host(&self, role: Source) -> (Option<usize>, IpAddr) {
+        let i = match role {
+            Source::Frontend(i) => i,
+            Source::Worker(i) => self.frontends as usize + i,
+        };
+        match &self.netns {
+            Some(n) => (Some(i), n.address(i)),
+            None => (None, IpAddr::V4(Ipv4Addr::LOCALHOST)),
         }
     }
 }
 
-/// Runs `arm` once with fresh processes.
+/// One window of one run of one arm, as measured.
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    /// What the frontends measured (merged).
+    pub report: FrontendReport,
+    /// Frontend CPU over the window, seconds (every frontend).
+    pub frontend_cpu_s: f64,
+    /// All worker processes' CPU over the window, seconds.
+    pub worker_cpu_s: f64,
+    /// Time frontend threads were runnable but waited for a CPU, seconds.
+    pub frontend_wait_s: f64,
+    /// Time worker threads were runnable but waited for a CPU, seconds.
+    pub worker_wait_s: f64,
+    /// Packets sent over the window: TCP segments plus UDP datagrams, both directions.
+    pub segments: u64,
+    /// The plane's connections at mid-window, counted as the arm says.
+    pub connections: u64,
+    /// Times a frontend thread blocked and was woken (voluntary context switches).
+    pub frontend_wakeups: u64,
+    /// Times a worker thread blocked and was woken.
+    pub worker_wakeups: u64,
+    /// Machine-wide soft-interrupt time over the window, seconds.
+    pub softirq_s: f64,
+    /// What the engines did over the window.
+    pub engines: EngineStats,
+}
+
+/// Which child said a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Frontend(usize),
+    Worker(usize),
+}
+
+/// A child process of a run; its stdin takes the orchestrator's commands.
+struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+/// Kills its children when dropped, so no run outlives its measurement.
+#[derive(Default)]
+struct Children(Vec<Proc>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for p in &mut self.0 {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
+/// Runs `arm` once with fresh processes, window after window, until every step of the load
+/// has been measured or `keep_going` says no after a window; returns each window's run.
 ///
 /// # Errors
 ///
 /// A message saying which process failed, with its log's tail.
-pub fn run_arm(arm: &Arm, opts: &RunOpts, repeat: u32) -> Result<Run, String> {
+pub fn run_arm(
+    arm: &Arm,
+    opts: &RunOpts,
+    repeat: u32,
+    keep_going: &mut dyn FnMut(&Run) -> bool,
+) -> Result<Vec<Run>, String> {
     let exe = executable(arm, opts)?;
     let log = |role: &str| {
         opts.log_dir
             .join(format!("{}-{repeat}-{role}.log", arm.name))
     };
-    let mut children = Children(Vec::new());
-    let addresses = start_workers(&exe, arm, opts, log, &mut children)?;
-    let workers: Vec<u32> = children.0.iter().map(Child::id).collect();
-    let frontend = Role::Frontend(frontend_args(arm, opts, addresses));
-    let frontend_log = log("frontend");
-    let (child, lines) = spawn(&exe, &frontend, &frontend_log)?;
-    let fleet = Fleet {
-        conns: arm.conns,
-        frontend: child.id(),
-        workers,
-    };
-    children.0.push(child);
-    let deadline = opts.warmup + opts.duration + Duration::from_secs(60);
-    measure(&fleet, &lines, deadline, &frontend_log)
+    let (tx, lines) = mpsc::channel();
+    let mut children = Children::default();
+    let addresses = start_workers(&exe, arm, opts, &log, &tx, &lines, &mut children)?;
+    let workers = children.0.len();
+    let ports = start_frontends(&exe, arm, opts, addresses, &log, &tx, &lines, &mut children)?;
+    drop(tx);
+    let fleet = Fleet::new(arm.conns, &children.0, workers, ports, opts.netns.is_some());
+    for p in &mut children.0[workers..] {
+        command(p, &FrontendCommand::Go.to_string())?;
+    }
+    let steps = opts.load.steps();
+    let windows = u32::try_from(steps).unwrap_or(u32::MAX);
+    let deadline = opts.warmup + (opts.duration + opts.settle) * windows + Duration::from_secs(60);
+    let mut tracker = Tracker::new(&fleet, steps);
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    while runs.len() < steps {
+        let left = deadline.saturating_sub(started.elapsed());
+        let (from, line) = next_line(&lines, left, &log("frontend0"))?;
+        let sample_workers = |children: &mut Children| -> Result<(), String> {
+            for p in &mut children.0[..workers] {
+                command(p, &WorkerCommand::Sample.to_string())?;
+            }
+            Ok(())
+        };
+        if let Some(run) = tracker.handle(from, &line, &mut || sample_workers(&mut children))? {
+            let more = keep_going(&run);
+            runs.push(run);
+            if !more {
+                break;
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// The binary that runs `arm`'s processes.
@@ -122,173 +220,165 @@ fn start_workers(
     exe: &Path,
     arm: &Arm,
     opts: &RunOpts,
-    log: impl Fn(&str) -> PathBuf,
+    log: &impl Fn(&str) -> PathBuf,
+    tx: &mpsc::Sender<(Source, String)>,
+    lines: &mpsc::Receiver<(Source, String)>,
     children: &mut Children,
 ) -> Result<Vec<String>, String> {
-    let worker = Role::Worker(WorkerArgs {
-        arm: arm.name.to_owned(),
-        engines: opts.engines_per_process(),
-        speedup: opts.speedup,
-        cpu: opts.pin.then_some(1),
-    });
     let mut addresses = Vec::new();
-    for i in 0..opts.worker_processes.max(1) {
+    for i in 0..opts.worker_processes.max(1) as usize {
+        let source = Source::Worker(i);
+        let (netns_host, host) = opts.host(source);
+        let worker = Role::Worker(WorkerArgs {
+            arm: arm.name.to_owned(),
+            engines: opts.engines_per_process(),
+            speedup: opts.speedup,
+            cpu: opts.pin.then_some(1),
+            host,
+        });
         let log = log(&format!("worker{i}"));
-        let (child, lines) = spawn(exe, &worker, &log)?;
-        children.0.push(child);
-        let line = next_line(&lines, Duration::from_secs(60), &log)?;
-        let WorkerLine::Ready { address } = line
-            .parse()
-            .map_err(|e| format!("worker {i} said {e} (expected READY <address>)"))?;
-        addresses.push(address);
+        children
+            .0
+            .push(spawn(exe, &worker, &log, opts, netns_host, source, tx)?);
+        let (_, line) = next_line(lines, Duration::from_secs(60), &log)?;
+        match line.parse() {
+            Ok(WorkerLine::Ready { address }) => addresses.push(address),
+            Ok(other) => return Err(format!("worker {i} said {other} before READY")),
+            Err(e) => return Err(format!("worker {i} said {e} (expected READY <address>)")),
+        }
     }
     Ok(addresses)
 }
 
-/// The frontend's arguments for `arm`, to the worker processes at `workers`.
-fn frontend_args(arm: &Arm, opts: &RunOpts, workers: Vec<String>) -> FrontendArgs {
+/// Starts the frontends, each with its share of the load, and returns the ports they
+/// announced.
+#[allow(clippy::too_many_arguments)]
+fn start_frontends(
+    exe: &Path,
+    arm: &Arm,
+    opts: &RunOpts,
+    workers: Vec<String>,
+    log: &impl Fn(&str) -> PathBuf,
+    tx: &mpsc::Sender<(Source, String)>,
+    lines: &mpsc::Receiver<(Source, String)>,
+    children: &mut Children,
+) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for i in 0..opts.frontends.max(1) {
+        let source = Source::Frontend(i as usize);
+        let (netns_host, host) = opts.host(source);
+        let frontend = Role::Frontend(frontend_args(arm, opts, workers.clone(), i, host));
+        let log = log(&format!("frontend{i}"));
+        children
+            .0
+            .push(spawn(exe, &frontend, &log, opts, netns_host, source, tx)?);
+        loop {
+            let (_, line) = next_line(lines, Duration::from_secs(60), &log)?;
+            match line.parse::<FrontendLine>() {
+                Ok(FrontendLine::Ready { port }) => break ports.push(port),
+                Ok(other) => return Err(format!("frontend {i} said {other} before READY")),
+                Err(e) if e.is_unknown() => {}
+                Err(e) => return Err(format!("frontend {i} said {e}")),
+            }
+        }
+    }
+    Ok(ports)
+}
+
+/// Frontend `i`'s arguments for `arm`, to the worker processes at `workers`.
+fn frontend_args(
+    arm: &Arm,
+    opts: &RunOpts,
+    workers: Vec<String>,
+    i: u32,
+    host: IpAddr,
+) -> FrontendArgs {
+    let (concurrency, rates, seed, max_in_flight) = match opts.load_of(i) {
+        Load::Closed { concurrency } => (Some(concurrency), Vec::new(), 1, 1),
+        Load::Open {
+            rates,
+            seed,
+            max_in_flight,
+        } => (None, rates, seed, max_in_flight),
+    };
     FrontendArgs {
         arm: arm.name.to_owned(),
         workers,
         engines_per_process: opts.engines_per_process(),
-        concurrency: opts.concurrency,
+        concurrency,
+        rates,
+        seed,
+        max_in_flight,
         isl: opts.isl,
         osl: opts.osl,
         warmup: opts.warmup.as_secs_f64(),
         duration: opts.duration.as_secs_f64(),
+        settle: opts.settle.as_secs_f64(),
         threads: opts.frontend_threads,
         cpu: opts.pin.then_some(0),
+        host,
     }
 }
 
-/// Reads the frontend's lines until its report, sampling `fleet` on the window's lines.
-/// Lines that are not the protocol's are skipped: they are not meant for the orchestrator.
-fn measure(
-    fleet: &Fleet,
-    lines: &mpsc::Receiver<String>,
-    deadline: Duration,
+/// Spawns `exe` as `role` (inside its network namespace if there is one), its stderr to `log`,
+/// its stdout's lines to `tx` as said by `source`.
+fn spawn(
+    exe: &Path,
+    role: &Role,
     log: &Path,
-) -> Result<Run, String> {
-    let started = Instant::now();
-    let mut window = Window::default();
-    loop {
-        let left = deadline.saturating_sub(started.elapsed());
-        let line = next_line(lines, left, log)?;
-        match line.parse::<FrontendLine>() {
-            Ok(message) => {
-                if let Some(run) = window.handle_line(message, fleet)? {
-                    return Ok(run);
-                }
-            }
-            Err(e) if e.is_unknown() => {}
-            Err(e) => return Err(format!("the frontend said {e}")),
+    opts: &RunOpts,
+    netns_host: Option<usize>,
+    source: Source,
+    tx: &mpsc::Sender<(Source, String)>,
+) -> Result<Proc, String> {
+    let mut argv: Vec<OsString> = vec![exe.into()];
+    argv.extend(role.command_line().into_iter().map(OsString::from));
+    let mut cmd = match (&opts.netns, netns_host) {
+        (Some(n), Some(i)) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(n.wrap(i, argv));
+            cmd
         }
-    }
-}
-
-/// The processes of one run, as the kernel's counters see them.
-struct Fleet {
-    conns: Conns,
-    frontend: u32,
-    workers: Vec<u32>,
-}
-
-impl Fleet {
-    fn sample(&self) -> Sample {
-        Sample {
-            frontend_cpu_s: procfs::cpu_seconds(self.frontend),
-            worker_cpu_s: self
-                .workers
-                .iter()
-                .map(|p| procfs::cpu_seconds(*p))
-                .sum::<f64>(),
-            packets: procfs::sent_packets(),
+        _ => {
+            let mut cmd = Command::new(exe);
+            cmd.args(&argv[1..]);
+            cmd
         }
-    }
-
-    /// The plane's connections, counted as the arm says; `port` is the frontend's.
-    fn connections(&self, port: u16) -> u64 {
-        match self.conns {
-            Conns::FrontendTcpPort => procfs::established_on_port(port),
-            Conns::WorkerUdpSockets => procfs::udp_sockets_of(&self.workers),
-        }
-    }
-}
-
-/// The kernel's counters at one edge of the window.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    frontend_cpu_s: f64,
-    worker_cpu_s: f64,
-    packets: u64,
-}
-
-/// What the frontend's lines have told of the window so far.
-#[derive(Debug, Default)]
-struct Window {
-    port: u16,
-    start: Option<Sample>,
-    end: Option<Sample>,
-    connections: u64,
-}
-
-impl Window {
-    /// Takes one of the frontend's lines, sampling `fleet` where the line says; returns the
-    /// run once the frontend has reported.
-    fn handle_line(&mut self, line: FrontendLine, fleet: &Fleet) -> Result<Option<Run>, String> {
-        match line {
-            FrontendLine::Ready { port } => self.port = port,
-            FrontendLine::WindowStart => self.start = Some(fleet.sample()),
-            FrontendLine::WindowMid => self.connections = fleet.connections(self.port),
-            FrontendLine::WindowEnd => self.end = Some(fleet.sample()),
-            FrontendLine::Result(report) => return self.run(*report).map(Some),
-        }
-        Ok(None)
-    }
-
-    fn run(&self, report: FrontendReport) -> Result<Run, String> {
-        let (Some(s0), Some(s1)) = (self.start, self.end) else {
-            return Err("the frontend reported without a window".into());
-        };
-        Ok(Run {
-            report,
-            frontend_cpu_s: s1.frontend_cpu_s - s0.frontend_cpu_s,
-            worker_cpu_s: s1.worker_cpu_s - s0.worker_cpu_s,
-            segments: s1.packets.saturating_sub(s0.packets),
-            connections: self.connections,
-        })
-    }
-}
-
-/// Spawns `exe` as `role`, its stderr to `log`; returns its stdout's lines.
-fn spawn(exe: &Path, role: &Role, log: &Path) -> Result<(Child, mpsc::Receiver<String>), String> {
-    let mut cmd = Command::new(exe);
-    cmd.args(role.command_line());
+    };
     let err = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(err)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawn: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
-    let (tx, rx) = mpsc::channel();
+    let stdin = child.stdin.take();
+    let tx = tx.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
+            if tx.send((source, line)).is_err() {
                 break;
             }
         }
     });
-    Ok((child, rx))
+    Ok(Proc { child, stdin })
+}
+
+/// Writes `line` to a child's stdin.
+fn command(p: &mut Proc, line: &str) -> Result<(), String> {
+    let stdin = p.stdin.as_mut().ok_or("a child without stdin")?;
+    writeln!(stdin, "{line}")
+        .and_then(|()| stdin.flush())
+        .map_err(|e| format!("telling a child {line}: {e}"))
 }
 
 fn next_line(
-    lines: &mpsc::Receiver<String>,
+    lines: &mpsc::Receiver<(Source, String)>,
     timeout: Duration,
     log: &Path,
-) -> Result<String, String> {
+) -> Result<(Source, String), String> {
     lines.recv_timeout(timeout).map_err(|e| {
         let tail = std::fs::read_to_string(log).unwrap_or_default();
         let tail: Vec<&str> = tail.lines().rev().take(15).collect();
@@ -300,29 +390,4 @@ fn next_line(
             tail.join("\n")
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_frontend_lines_make_a_run_only_after_a_window() {
-        let me = std::process::id();
-        let fleet = Fleet {
-            conns: Conns::FrontendTcpPort,
-            frontend: me,
-            workers: vec![me],
-        };
-        let result = FrontendLine::Result(Box::default());
-        let mut window = Window::default();
-        let early = window.handle_line(result.clone(), &fleet);
-        assert_eq!(early.unwrap_err(), "the frontend reported without a window");
-        for line in ["READY 0", "WINDOW_START", "WINDOW_MID", "WINDOW_END"] {
-            let line = line.parse().expect("a protocol line");
-            assert!(window.handle_line(line, &fleet).unwrap().is_none());
-        }
-        let run = window.handle_line(result, &fleet).unwrap().expect("a run");
-        assert!(run.frontend_cpu_s >= 0.0 && run.worker_cpu_s >= 0.0);
-    }
 }

@@ -17,11 +17,91 @@ fn clock_ticks() -> f64 {
     if t > 0 { t as f64 } else { 100.0 }
 }
 
+/// Context switches of every thread of process `pid` (voluntary: a thread blocked and was
+/// woken later; involuntary: preempted), or zeros if it is gone. Threads that have exited are
+/// not counted.
+pub fn context_switches(pid: u32) -> ContextSwitches {
+    let mut total = ContextSwitches::default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return total;
+    };
+    for task in tasks.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let one = switches_in(&status);
+        total.voluntary += one.voluntary;
+        total.involuntary += one.involuntary;
+    }
+    total
+}
+
+/// Time the threads of process `pid` spent runnable but waiting for a CPU, seconds
+/// (`/proc/<pid>/task/*/schedstat`, second field; threads that have exited are not counted).
+pub fn run_queue_wait_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
+/// The context switches a thread's `status` file gives.
+fn switches_in(status: &str) -> ContextSwitches {
+    let mut n = ContextSwitches::default();
+    for line in status.lines() {
+        let value = |prefix: &str| {
+            line.strip_prefix(prefix)
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let Some(v) = value("voluntary_ctxt_switches:") {
+            n.voluntary += v;
+        } else if let Some(v) = value("nonvoluntary_ctxt_switches:") {
+            n.involuntary += v;
+        }
+    }
+    n
+}
+
+/// Context switches of a process's threads, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextSwitches {
+    /// The thread blocked (each is one sleep and one wake-up).
+    pub voluntary: u64,
+    /// The thread was preempted.
+    pub involuntary: u64,
+}
+
+/// Time the machine's CPUs spent in soft interrupts (network receive, among others), seconds.
+pub fn softirq_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // cpu  user nice system idle iowait irq softirq ...: softirq is the seventh number.
+    let softirq = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(7))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    softirq / clock_ticks()
+}
+
 /// Packets the host has sent: TCP `OutSegs` plus UDP `OutDatagrams` (`/proc/net/snmp`), so
 /// a QUIC plane's traffic counts too. A UDP datagram sent with segmentation offload (GSO)
-/// counts once, however many wire packets it becomes.
+/// counts once, however many wire packets it becomes; a TCP segment counts as the MSS-sized
+/// segments it becomes on the wire.
 pub fn sent_packets() -> u64 {
-    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    packets_in("/proc/net/snmp")
+}
+
+/// Packets sent in the network namespace of process `pid`, as [`sent_packets`] counts them.
+pub fn sent_packets_of(pid: u32) -> u64 {
+    packets_in(&format!("/proc/{pid}/net/snmp"))
+}
+
+fn packets_in(path: &str) -> u64 {
+    let snmp = std::fs::read_to_string(path).unwrap_or_default();
     snmp_counter(&snmp, "Tcp:", "OutSegs") + snmp_counter(&snmp, "Udp:", "OutDatagrams")
 }
 
@@ -43,7 +123,11 @@ fn snmp_counter(snmp: &str, table: &str, name: &str) -> u64 {
 /// connection in Dynamo's pool).
 pub fn udp_sockets_of(pids: &[u32]) -> u64 {
     let mut udp_inodes = std::collections::HashSet::new();
-    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+    // Each process's own network namespace's tables (the same tables on loopback).
+    let tables = pids
+        .iter()
+        .flat_map(|p| [format!("/proc/{p}/net/udp"), format!("/proc/{p}/net/udp6")]);
+    for table in tables {
         let text = std::fs::read_to_string(table).unwrap_or_default();
         for line in text.lines().skip(1) {
             // The inode is the tenth field.
@@ -73,11 +157,15 @@ pub fn udp_sockets_of(pids: &[u32]) -> u64 {
     n
 }
 
-/// Established TCP connections whose local port is `port` (the frontend's side of each).
-pub fn established_on_port(port: u16) -> u64 {
+/// Established TCP connections whose local port is `port` (the frontend's side of each), in
+/// the network namespace of process `pid`.
+pub fn established_on_port(pid: u32, port: u16) -> u64 {
     let mut n = 0;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
+    for table in [
+        format!("/proc/{pid}/net/tcp"),
+        format!("/proc/{pid}/net/tcp6"),
+    ] {
+        let Ok(text) = std::fs::read_to_string(&table) else {
             continue;
         };
         for line in text.lines().skip(1) {
@@ -106,4 +194,22 @@ pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_switches_are_read_from_each_threads_status() {
+        let status = "Name:\tx\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        let n = switches_in(status);
+        assert_eq!((n.voluntary, n.involuntary), (120, 7));
+        assert_eq!(switches_in("garbage"), ContextSwitches::default());
+        assert_eq!(context_switches(u32::MAX), ContextSwitches::default());
+        assert_eq!(sent_packets_of(u32::MAX), 0);
+        assert_eq!(run_queue_wait_seconds(u32::MAX), 0.0);
+        assert!(run_queue_wait_seconds(std::process::id()) >= 0.0);
+        assert!(softirq_seconds() >= 0.0);
+    }
 }

@@ -6,11 +6,18 @@
 //! | line | written by | when | the orchestrator |
 //! |---|---|---|---|
 //! | `READY <address>` | a worker | it takes requests | passes the address to the frontend (`--workers`) |
+//! | `ENGINES <json>` | a worker | asked by `SAMPLE` | reads its engines' [`EngineStats`] |
 //! | `READY <port>` | the frontend | its plane listens | counts connections on that TCP port |
-//! | `WINDOW_START` | the frontend | the measurement window opens | samples CPU and packets |
+//! | `WINDOW_START` | the frontend | a measurement window opens | samples CPU, packets, engines |
 //! | `WINDOW_MID` | the frontend | half-way through the window | counts the plane's connections |
-//! | `WINDOW_END` | the frontend | the window closes | samples CPU and packets again |
-//! | `RESULT <json>` | the frontend | last | reads the [`FrontendReport`] and ends the run |
+//! | `WINDOW_END` | the frontend | the window closes | samples CPU, packets, engines again |
+//! | `RESULT <json>` | the frontend | after each window | reads the [`FrontendReport`] of that window |
+//!
+//! A run has one window per load step (one for a closed loop, one per rate for an open loop),
+//! each followed by its `RESULT`. The orchestrator writes commands to the children's stdin:
+//! `GO` to every frontend once all have said `READY` ([`FrontendCommand`]: the frontends of a
+//! run start their load together), and `SAMPLE` to every worker at each edge of a window
+//! ([`WorkerCommand`]).
 //!
 //! A worker's lines are [`WorkerLine`]s and the frontend's are [`FrontendLine`]s: `Display`
 //! encodes one (without the newline), `FromStr` decodes one, and a line that is not a message
@@ -28,6 +35,7 @@ use std::str::FromStr;
 
 use tokio::io::AsyncWriteExt;
 
+use crate::engine_stats::EngineStats;
 use crate::frontend::FrontendReport;
 
 /// A line a worker process writes.
@@ -38,6 +46,22 @@ pub enum WorkerLine {
         /// Where the frontend sends this process's requests.
         address: String,
     },
+    /// Its engines' counters, in answer to [`WorkerCommand::Sample`].
+    Engines(EngineStats),
+}
+
+/// A line the orchestrator writes to a frontend's stdin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontendCommand {
+    /// Start the load (every frontend of a run is told at once, once all are ready).
+    Go,
+}
+
+/// A line the orchestrator writes to a worker's stdin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerCommand {
+    /// Say the engines' counters now ([`WorkerLine::Engines`]).
+    Sample,
 }
 
 /// A line the frontend process writes, in this order.
@@ -124,6 +148,50 @@ impl fmt::Display for WorkerLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Ready { address } => write!(f, "{READY} {address}"),
+            Self::Engines(stats) => {
+                let json = serde_json::to_string(stats).map_err(|_| fmt::Error)?;
+                write!(f, "{ENGINES} {json}")
+            }
+        }
+    }
+}
+
+impl fmt::Display for FrontendCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Go => f.write_str(GO),
+        }
+    }
+}
+
+impl FromStr for FrontendCommand {
+    type Err = LineError;
+
+    fn from_str(line: &str) -> Result<Self, LineError> {
+        match split(line) {
+            (GO, None) => Ok(Self::Go),
+            (GO, Some(_)) => Err(LineError::new(line, Problem::UnexpectedArgument(GO))),
+            _ => Err(LineError::new(line, Problem::Unknown)),
+        }
+    }
+}
+
+impl fmt::Display for WorkerCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sample => f.write_str(SAMPLE),
+        }
+    }
+}
+
+impl FromStr for WorkerCommand {
+    type Err = LineError;
+
+    fn from_str(line: &str) -> Result<Self, LineError> {
+        match split(line) {
+            (SAMPLE, None) => Ok(Self::Sample),
+            (SAMPLE, Some(_)) => Err(LineError::new(line, Problem::UnexpectedArgument(SAMPLE))),
+            _ => Err(LineError::new(line, Problem::Unknown)),
         }
     }
 }
@@ -137,6 +205,7 @@ impl FromStr for WorkerLine {
             READY => Ok(Self::Ready {
                 address: address(line, argument)?,
             }),
+            ENGINES => Ok(Self::Engines(json(line, ENGINES, ENGINES_WANTS, argument)?)),
             _ => Err(LineError::new(line, Problem::Unknown)),
         }
     }
@@ -174,7 +243,12 @@ impl FromStr for FrontendLine {
             WINDOW_START => bare(WINDOW_START, Self::WindowStart),
             WINDOW_MID => bare(WINDOW_MID, Self::WindowMid),
             WINDOW_END => bare(WINDOW_END, Self::WindowEnd),
-            RESULT => Ok(Self::Result(Box::new(report(line, argument)?))),
+            RESULT => Ok(Self::Result(Box::new(json(
+                line,
+                RESULT,
+                RESULT_WANTS,
+                argument,
+            )?))),
             _ => Err(LineError::new(line, Problem::Unknown)),
         }
     }
@@ -244,20 +318,31 @@ fn port(line: &str, argument: Option<&str>) -> Result<u16, LineError> {
         .map_err(|e| LineError::new(line, Problem::BadArgument(READY, WANTS, format!("{e}"))))
 }
 
-/// `RESULT`'s argument: the report as JSON.
-fn report(line: &str, argument: Option<&str>) -> Result<FrontendReport, LineError> {
-    const WANTS: &str = "the frontend's report as JSON";
+/// A JSON argument (`RESULT`'s report, `ENGINES`' counters) of `keyword`, which wants it as
+/// `wants` says.
+fn json<T: serde::de::DeserializeOwned>(
+    line: &str,
+    keyword: &'static str,
+    wants: &'static str,
+    argument: Option<&str>,
+) -> Result<T, LineError> {
     let Some(json) = argument.filter(|j| !j.trim().is_empty()) else {
         return Err(LineError::new(
             line,
-            Problem::MissingArgument(RESULT, WANTS),
+            Problem::MissingArgument(keyword, wants),
         ));
     };
     serde_json::from_str(json)
-        .map_err(|e| LineError::new(line, Problem::BadArgument(RESULT, WANTS, format!("{e}"))))
+        .map_err(|e| LineError::new(line, Problem::BadArgument(keyword, wants, format!("{e}"))))
 }
 
+const RESULT_WANTS: &str = "the frontend's report as JSON";
+const ENGINES_WANTS: &str = "the engines' counters as JSON";
+
 const READY: &str = "READY";
+const ENGINES: &str = "ENGINES";
+const SAMPLE: &str = "SAMPLE";
+const GO: &str = "GO";
 const WINDOW_START: &str = "WINDOW_START";
 const WINDOW_MID: &str = "WINDOW_MID";
 const WINDOW_END: &str = "WINDOW_END";
@@ -288,6 +373,18 @@ mod tests {
             itl_cdf: vec![(0.25, 1.0)],
             tokens_series: vec![0, 7, 1024],
             error_samples: vec!["two\nlines".into(), "a \"quoted\" tab\t".into()],
+            step: 2,
+            offered_rate: 1e4 / 3.0,
+            arrivals: 130,
+            dropped: 1,
+            late: 3,
+            chunk_gap_p50_ms: 0.5,
+            chunk_gap_p99_ms: 6.25,
+            hists: crate::frontend::Hists {
+                ttft: vec![(4250, 60), (18_500, 60)],
+                chunk_gap: vec![(1, u64::MAX)],
+                ..crate::frontend::Hists::default()
+            },
         }
     }
 
@@ -314,17 +411,53 @@ mod tests {
 
     #[test]
     fn every_worker_line_round_trips_on_one_line() {
-        for address in [
+        let ready = [
             "127.0.0.1:40321",
             "[::1]:9",
             "tcp://127.0.0.1:5555/1a2b/velo-bench/mocker/generate",
-        ] {
-            let message = WorkerLine::Ready {
-                address: address.into(),
-            };
+        ]
+        .map(|address| WorkerLine::Ready {
+            address: address.into(),
+        });
+        let engines = WorkerLine::Engines(EngineStats {
+            passes: 10,
+            prefill_passes: 3,
+            admitted: 17,
+            gap_us_sq: u64::MAX,
+            ..EngineStats::default()
+        });
+        for message in ready.into_iter().chain([engines]) {
             let line = message.to_string();
             assert!(!line.contains('\n'), "{line:?}");
             assert_eq!(line.parse::<WorkerLine>(), Ok(message), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn the_sample_command_round_trips_and_nothing_else_is_a_command() {
+        let line = WorkerCommand::Sample.to_string();
+        assert_eq!(line, "SAMPLE");
+        assert_eq!(line.parse(), Ok(WorkerCommand::Sample));
+        let e = "SAMPLE now".parse::<WorkerCommand>().unwrap_err();
+        assert!(!e.is_unknown() && e.to_string().contains("SAMPLE takes no argument"));
+        for line in ["", "sample", "READY 1", "ENGINES {}", "GO"] {
+            assert!(
+                line.parse::<WorkerCommand>().unwrap_err().is_unknown(),
+                "{line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_go_command_round_trips_and_nothing_else_is_a_frontend_command() {
+        assert_eq!(FrontendCommand::Go.to_string(), "GO");
+        assert_eq!("GO".parse(), Ok(FrontendCommand::Go));
+        assert!(!"GO 1".parse::<FrontendCommand>().unwrap_err().is_unknown());
+        for line in ["", "go", "SAMPLE", "WINDOW_START"] {
+            assert!(
+                line.parse::<FrontendCommand>().unwrap_err().is_unknown(),
+                "{line:?}"
+            );
         }
     }
 
@@ -416,6 +549,8 @@ mod tests {
                 "READY a b",
                 "READY needs an address: it contains whitespace",
             ),
+            ("ENGINES", "ENGINES needs the engines' counters as JSON"),
+            ("ENGINES {\"passes\":1}", "missing field"),
         ] {
             let e = line.parse::<WorkerLine>().expect_err(line);
             assert!(!e.is_unknown());

@@ -16,12 +16,13 @@
 //! ```
 
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::adapter::{BenchFrontend, BenchWorker};
-use crate::protocol::FrontendLine;
+use crate::frontend::Load;
 use crate::worker::{Ingress, RequestChannel, WorkerOpts};
 use crate::{frontend, procfs, worker};
 
@@ -58,9 +59,19 @@ pub struct FrontendArgs {
     /// Mock engines per worker process.
     #[arg(long)]
     pub engines_per_process: u32,
-    /// Requests in flight.
-    #[arg(long)]
-    pub concurrency: u32,
+    /// Closed loop: requests in flight.
+    #[arg(long, required_unless_present = "rates")]
+    pub concurrency: Option<u32>,
+    /// Open loop: offered loads, requests per second, one measurement window each (instead of
+    /// `--concurrency`).
+    #[arg(long, value_delimiter = ',', conflicts_with = "concurrency")]
+    pub rates: Vec<f64>,
+    /// Open loop: the seed of the arrival times.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Open loop: requests in flight at most (an arrival beyond is dropped and counted).
+    #[arg(long, default_value_t = 65_536)]
+    pub max_in_flight: u32,
     /// Prompt length, tokens.
     #[arg(long)]
     pub isl: u32,
@@ -73,12 +84,18 @@ pub struct FrontendArgs {
     /// Measurement window, seconds.
     #[arg(long)]
     pub duration: f64,
+    /// Time the requests of a window get to end before it is reported, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub settle: f64,
     /// Runtime threads (1: a current-thread runtime).
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
     /// Pin the process to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// The address the plane listens on and gives workers.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    pub host: IpAddr,
 }
 
 /// A worker process's arguments.
@@ -96,6 +113,9 @@ pub struct WorkerArgs {
     /// Pin the process to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// The address the worker takes requests on (and its plane binds to, where it listens).
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    pub host: IpAddr,
 }
 
 impl Role {
@@ -116,16 +136,38 @@ impl FrontendArgs {
         flag(&mut line, "--arm", &self.arm);
         flag(&mut line, "--workers", self.workers.join(","));
         flag(&mut line, "--engines-per-process", self.engines_per_process);
-        flag(&mut line, "--concurrency", self.concurrency);
+        if let Some(c) = self.concurrency {
+            flag(&mut line, "--concurrency", c);
+        }
+        if !self.rates.is_empty() {
+            let rates: Vec<String> = self.rates.iter().map(f64::to_string).collect();
+            flag(&mut line, "--rates", rates.join(","));
+        }
+        flag(&mut line, "--seed", self.seed);
+        flag(&mut line, "--max-in-flight", self.max_in_flight);
         flag(&mut line, "--isl", self.isl);
         flag(&mut line, "--osl", self.osl);
         flag(&mut line, "--warmup", self.warmup);
         flag(&mut line, "--duration", self.duration);
+        flag(&mut line, "--settle", self.settle);
         flag(&mut line, "--threads", self.threads);
         if let Some(cpu) = self.cpu {
             flag(&mut line, "--cpu", cpu);
         }
+        flag(&mut line, "--host", self.host);
         line
+    }
+
+    /// The load these arguments describe: an open loop when rates are given.
+    pub fn load(&self) -> Load {
+        match self.concurrency {
+            Some(concurrency) if self.rates.is_empty() => Load::Closed { concurrency },
+            _ => Load::Open {
+                rates: self.rates.clone(),
+                seed: self.seed,
+                max_in_flight: self.max_in_flight,
+            },
+        }
     }
 }
 
@@ -139,6 +181,7 @@ impl WorkerArgs {
         if let Some(cpu) = self.cpu {
             flag(&mut line, "--cpu", cpu);
         }
+        flag(&mut line, "--host", self.host);
         line
     }
 }
@@ -168,7 +211,13 @@ impl<W> WorkerSetup<W> {
 /// Parses a [`RoleCli`] and runs `role`, mapping its outcome to an exit code (the error is
 /// printed).
 pub fn main(role: impl FnOnce(Role) -> Result<(), String>) -> std::process::ExitCode {
-    exit(role(RoleCli::parse().role))
+    exit(role(parse()))
+}
+
+/// Parses the process's command line as a [`RoleCli`] (exiting with clap's message if it is
+/// not one), for a binary that must look at its role before running it.
+pub fn parse() -> Role {
+    RoleCli::parse().role
 }
 
 /// The exit code of a role or an orchestration, printing the error.
@@ -182,8 +231,9 @@ pub fn exit(outcome: Result<(), String>) -> std::process::ExitCode {
     }
 }
 
-/// Runs a frontend process: builds its plane with `make` inside the runtime, runs the load
-/// (saying the window's lines) and says [`FrontendLine::Result`].
+/// Runs a frontend process: builds its plane with `make` inside the runtime and runs the load,
+/// which says the windows' lines and their results
+/// ([`FrontendLine::Result`](crate::protocol::FrontendLine::Result)).
 ///
 /// # Errors
 ///
@@ -200,20 +250,18 @@ where
     let opts = frontend::FrontendOpts {
         worker_processes: args.workers.len(),
         engines_per_process: args.engines_per_process,
-        concurrency: args.concurrency,
+        load: args.load(),
         isl: args.isl,
         osl: args.osl,
         warmup: Duration::from_secs_f64(args.warmup),
         duration: Duration::from_secs_f64(args.duration),
+        settle: Duration::from_secs_f64(args.settle),
     };
     runtime(args.threads)?.block_on(async move {
         let plane = make(args).await?;
-        let report = frontend::run(plane, opts)
+        frontend::run(plane, opts)
             .await
-            .map_err(|e| e.to_string())?;
-        FrontendLine::Result(Box::new(report))
-            .say()
-            .await
+            .map(drop)
             .map_err(|e| e.to_string())
     })
 }
@@ -235,6 +283,7 @@ where
     Fut: Future<Output = Result<WorkerSetup<W, I>, String>>,
 {
     pin(args.cpu)?;
+    worker::set_host(args.host);
     let (engines, speedup) = (args.engines, args.speedup);
     runtime(1)?.block_on(async move {
         let setup = make(args).await?;
@@ -290,22 +339,40 @@ mod tests {
             arm: "velo-tcp-5ms".into(),
             workers: vec!["127.0.0.1:1".into(), "tcp://127.0.0.1:2/ab/ns/c/e".into()],
             engines_per_process: 4,
-            concurrency: 256,
+            concurrency: Some(256),
+            rates: Vec::new(),
+            seed: 1,
+            max_in_flight: 100,
             isl: 256,
             osl: 128,
             warmup: 0.5,
             duration: 1.0 / 3.0,
+            settle: 0.25,
             threads: 1,
             cpu: Some(0),
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
         let worker = WorkerArgs {
             arm: "tcp".into(),
             engines: 2,
             speedup: 10.0,
             cpu: None,
+            host: "10.77.0.3".parse().unwrap(),
         };
+        let open = FrontendArgs {
+            concurrency: None,
+            rates: vec![100.0, 1e4 / 3.0],
+            seed: u64::MAX,
+            host: "10.77.0.2".parse().unwrap(),
+            ..frontend.clone()
+        };
+        assert_eq!(frontend.load(), Load::Closed { concurrency: 256 });
+        assert!(
+            matches!(open.load(), Load::Open { rates, seed: u64::MAX, max_in_flight: 100 } if rates.len() == 2)
+        );
         for role in [
             Role::Frontend(frontend.clone()),
+            Role::Frontend(open),
             Role::Frontend(FrontendArgs {
                 cpu: None,
                 ..frontend

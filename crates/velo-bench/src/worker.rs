@@ -8,18 +8,21 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::adapter::{BenchSink, BenchWorker};
+use crate::engine_stats::{EngineCounters, EngineStats};
 use crate::item::EngineOutput;
-use crate::mocker::{MAX_BATCHED_TOKENS, MAX_RUNNING, pass_time};
-use crate::protocol::WorkerLine;
+use crate::mocker::{MAX_BATCHED_TOKENS, MAX_RUNNING, pass_time, prefill_time};
+use crate::protocol::{WorkerCommand, WorkerLine};
 use crate::reqplane::{self, Request};
 
 /// How a worker process runs its engines.
@@ -49,12 +52,29 @@ pub trait Ingress<W: BenchWorker>: Send + 'static {
     -> impl Future<Output = Result<String, String>> + Send;
 }
 
-/// Our request channel ([`crate::reqplane`]) on an ephemeral loopback port.
+/// Our request channel ([`crate::reqplane`]) on an ephemeral port of the process's host
+/// address ([`host`]: loopback unless the worker role was given `--host`).
 pub struct RequestChannel;
+
+/// The address this process serves on, set once by the worker role from `--host` (every
+/// process of a run has its own address on the `netns` topology).
+static HOST: OnceLock<IpAddr> = OnceLock::new();
+
+/// Sets the address this process serves on; only the first call counts.
+pub fn set_host(host: IpAddr) {
+    let _ = HOST.set(host);
+}
+
+/// The address this process serves on (loopback unless [`set_host`] said otherwise).
+pub fn host() -> IpAddr {
+    HOST.get()
+        .copied()
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
 
 impl<W: BenchWorker> Ingress<W> for RequestChannel {
     async fn start(self, engines: Arc<Engines<W>>) -> Result<String, String> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind((host(), 0))
             .await
             .map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -77,6 +97,7 @@ impl<W: BenchWorker> Ingress<W> for RequestChannel {
 pub struct Engines<W: BenchWorker> {
     plane: Arc<W>,
     queues: Vec<EngineQueue<W>>,
+    counters: Arc<EngineCounters>,
 }
 
 /// Where a process hands ready requests to one engine.
@@ -85,14 +106,25 @@ type EngineQueue<W> = mpsc::Sender<(Request, <W as BenchWorker>::Sink)>;
 impl<W: BenchWorker> Engines<W> {
     /// Starts `opts.engines` engines (at least one) on the current runtime.
     pub fn start(plane: Arc<W>, opts: WorkerOpts) -> Arc<Self> {
-        let queues = (0..opts.engines.max(1))
+        let engines = opts.engines.max(1) as usize;
+        let counters = Arc::new(EngineCounters::new(engines));
+        let queues = (0..engines)
             .map(|_| {
                 let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
-                tokio::spawn(engine(plane.clone(), rx, opts));
+                tokio::spawn(engine(plane.clone(), rx, opts, counters.clone()));
                 tx
             })
             .collect();
-        Arc::new(Self { plane, queues })
+        Arc::new(Self {
+            plane,
+            queues,
+            counters,
+        })
+    }
+
+    /// What the engines have done so far (passes, prefill batching, arrivals).
+    pub fn stats(&self) -> EngineStats {
+        self.counters.snapshot()
     }
 
     /// The plane the engines send on.
@@ -106,6 +138,7 @@ impl<W: BenchWorker> Engines<W> {
         match self.plane.open(raw).await {
             Ok((req, sink)) => {
                 let i = req.worker as usize % self.queues.len();
+                self.counters.on_arrival(i);
                 let _ = self.queues[i].send((req, sink)).await;
             }
             Err(e) => {
@@ -139,13 +172,30 @@ pub async fn run_with<W: BenchWorker, I: Ingress<W>>(
     ingress: I,
 ) -> Result<(), String> {
     let engines = Engines::start(Arc::new(plane), opts);
-    let address = ingress.start(engines).await?;
+    let address = ingress.start(engines.clone()).await?;
     WorkerLine::Ready { address }
         .say()
         .await
         .map_err(|e| e.to_string())?;
+    answer_samples(&engines).await;
     std::future::pending::<()>().await;
     Ok(())
+}
+
+/// Answers every [`WorkerCommand::Sample`] on stdin with the engines' counters
+/// ([`WorkerLine::Engines`]) until stdin ends; a line that is no command is logged and skipped.
+async fn answer_samples<W: BenchWorker>(engines: &Engines<W>) {
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        match line.parse::<WorkerCommand>() {
+            Ok(WorkerCommand::Sample) => {
+                if WorkerLine::Engines(engines.stats()).say().await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => eprintln!("worker: {e}"),
+        }
+    }
 }
 
 struct Running<S> {
@@ -159,6 +209,7 @@ async fn engine<W: BenchWorker>(
     plane: Arc<W>,
     mut rx: mpsc::Receiver<(Request, W::Sink)>,
     opts: WorkerOpts,
+    counters: Arc<EngineCounters>,
 ) {
     let mut running: Vec<Running<W::Sink>> = Vec::with_capacity(MAX_RUNNING);
     let mut waiting: VecDeque<(Request, W::Sink)> = VecDeque::new();
@@ -174,19 +225,28 @@ async fn engine<W: BenchWorker>(
         while let Ok(r) = rx.try_recv() {
             waiting.push_back(r);
         }
+        let before = running.len();
         let new_tokens = admit(&mut running, &mut waiting);
         let kv: u64 = running
             .iter()
             .map(|r| u64::from(r.req.isl) + u64::from(r.generated))
             .sum();
         // Passes follow an absolute timeline: the timer's 1 ms granularity adds jitter, not drift.
-        next_pass += pass_time(new_tokens, kv, opts.speedup);
+        let model = pass_time(new_tokens, kv, opts.speedup);
+        next_pass += model;
         let now = Instant::now();
-        if next_pass > now {
+        let lag = if next_pass > now {
             tokio::time::sleep_until(next_pass).await;
-        } else if now - next_pass > std::time::Duration::from_millis(50) {
-            next_pass = now; // far behind (overloaded): don't try to catch up in a burst
-        }
+            Instant::now().saturating_duration_since(next_pass)
+        } else {
+            let lag = now - next_pass;
+            if lag > std::time::Duration::from_millis(50) {
+                next_pass = now; // far behind (overloaded): don't try to catch up in a burst
+            }
+            lag
+        };
+        let prefill = prefill_time(new_tokens, opts.speedup);
+        counters.on_pass(running.len() - before, model, prefill, lag);
         // Emit one token per running request; finished ones end with their last item.
         let mut i = 0;
         while i < running.len() {

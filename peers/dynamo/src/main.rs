@@ -4,10 +4,11 @@
 //! and why.
 //!
 //! Configuration is Dynamo's: its documented defaults and environment variables. The only
-//! ones this binary sets (when unset) keep both planes on loopback, where Dynamo would pick
-//! the first non-loopback address: `DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1` (response
-//! listeners, TCP and QUIC) and `DYN_TCP_RPC_HOST=127.0.0.1` (the request-plane server of the
-//! arms on a `DistributedRuntime`).
+//! ones this binary sets (when unset) keep both planes on the process's address (`--host`:
+//! loopback, or its own address on the bench's netns topology), where Dynamo would pick the
+//! first non-loopback address: `DYN_TCP_RESPONSE_STREAM_HOST` (response listeners, TCP and
+//! QUIC) and `DYN_TCP_RPC_HOST` (the request-plane server of the arms on a
+//! `DistributedRuntime`).
 
 mod drt;
 mod frontend;
@@ -21,26 +22,32 @@ pub(crate) const NAMESPACE: &str = "velo-bench";
 pub(crate) const COMPONENT: &str = "mocker";
 pub(crate) const ENDPOINT: &str = "generate";
 
-/// Loopback defaults for Dynamo's host selection.
-const LOOPBACK_ENV: [(&str, &str); 2] = [
-    ("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1"),
-    ("DYN_TCP_RPC_HOST", "127.0.0.1"),
-];
+/// Dynamo's host selection, set to the process's `--host` when unset.
+const HOST_ENV: [&str; 2] = ["DYN_TCP_RESPONSE_STREAM_HOST", "DYN_TCP_RPC_HOST"];
 
 fn main() -> std::process::ExitCode {
-    for (key, value) in LOOPBACK_ENV {
+    let role = roles::parse();
+    let host = match &role {
+        Role::Frontend(a) => a.host,
+        Role::Worker(a) => a.host,
+    };
+    for key in HOST_ENV {
         if std::env::var_os(key).is_none() {
             // SAFETY: no other thread exists yet: the runtime starts after this loop.
-            unsafe { std::env::set_var(key, value) };
+            unsafe { std::env::set_var(key, host.to_string()) };
         }
     }
-    roles::main(|role| match role {
+    roles::exit(run(role))
+}
+
+fn run(role: Role) -> Result<(), String> {
+    match role {
         Role::Frontend(a) => roles::run_frontend_role(a, frontend),
         Role::Worker(a) => match drt_mode(&a.arm)? {
             Some(mode) => roles::run_worker_role(a, |_| drt::worker(mode)),
             None => roles::run_worker_role(a, tcp_worker),
         },
-    })
+    }
 }
 
 /// The response plane of an arm on a `DistributedRuntime`, or `None` for dynamo-tcp (ours

@@ -4,7 +4,8 @@
 //!
 //! - one `Velo` node per process, mux only (no per-stream listener);
 //! - messenger mux with a credit window of 32 items;
-//! - a TCP transport with 4 lanes, on loopback, port chosen by the OS;
+//! - a TCP transport with 4 lanes, on the process's address (`--host`: loopback, or its own on
+//!   the bench's netns topology), port chosen by the OS;
 //! - zero-round-trip open: the frontend pre-binds each anchor and mints a ticket, the worker
 //!   opens its sender from the ticket; a worker prepares each frontend once
 //!   (`register_peer` + the `_hello` exchange), not per stream;
@@ -18,7 +19,7 @@ mod frame;
 mod frontend;
 mod worker;
 
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,22 +64,22 @@ fn flush_of(arm: &str) -> Result<Flush, String> {
 }
 
 async fn frontend(a: FrontendArgs) -> Result<frontend::Frontend, String> {
-    let (node, port) = node(flush_of(&a.arm)?).await?;
+    let (node, port) = node(flush_of(&a.arm)?, a.host).await?;
     let requests = RequestSender::connect_all(&a.workers).await?;
     Ok(frontend::Frontend::new(node, port, requests))
 }
 
 async fn worker(a: WorkerArgs) -> Result<WorkerSetup<worker::Worker>, String> {
     let flush = flush_of(&a.arm)?;
-    let (node, _) = node(flush).await?;
+    let (node, _) = node(flush, a.host).await?;
     Ok(WorkerSetup::new(
         worker::Worker::new(node),
         flush == Flush::PerPass,
     ))
 }
 
-/// One response-plane node and its TCP port.
-async fn node(flush: Flush) -> Result<(Velo, u16), String> {
+/// One response-plane node on `host` and its TCP port.
+async fn node(flush: Flush, host: IpAddr) -> Result<(Velo, u16), String> {
     let flush_policy = match flush {
         Flush::Greedy => FlushPolicy::default(),
         Flush::Linger | Flush::PerPass => FlushPolicy::Auto(AutoFlush {
@@ -94,7 +95,7 @@ async fn node(flush: Flush) -> Result<(Velo, u16), String> {
     };
     // Bound here (rather than with `bind_addr`) only to learn the port the harness counts
     // connections on; the transport sizes its buffers before any connection arrives.
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind((host, 0)).map_err(|e| e.to_string())?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let tcp = TcpTransportBuilder::new()
         .from_listener(listener)

@@ -1,0 +1,136 @@
+//! One request, start to end: sent on the plane, its stream read to the end, and what it
+//! measured recorded in the window it belongs to.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::stats::Timings;
+use super::{BUCKET, FrontendOpts, MAX_BUCKETS, Shared};
+use crate::adapter::{BenchFrontend, BenchStream};
+use crate::reqplane::Request;
+
+/// Runs request `id`, which arrived at `t0` (a closed loop: when it was sent; an open loop:
+/// its scheduled arrival), and records it in the windows it touched.
+pub(super) async fn serve<F: BenchFrontend>(
+    plane: &F,
+    shared: &Shared,
+    opts: &FrontendOpts,
+    id: u64,
+    t0: Instant,
+) {
+    let started = shared.window();
+    if let Some(step) = started {
+        shared.pending(step, id, t0);
+    }
+    let mut track = Track::new(shared.start, started);
+    let outcome = one_request(plane, shared, opts, id, &mut track).await;
+    shared.on_request_done();
+    let ended = shared.window();
+    shared.record(id, t0, &outcome, started, ended, &mut track);
+}
+
+/// What a request counts while its items come in: tokens per window, tokens per time bucket
+/// since the load started, and the gaps between its items.
+pub(super) struct Track {
+    start: Instant,
+    /// The window (step) the current token count belongs to, and the count.
+    pub(super) window: Option<usize>,
+    pub(super) window_tokens: u64,
+    /// Tokens per [`BUCKET`] from bucket `first_bucket` on.
+    pub(super) first_bucket: usize,
+    pub(super) buckets: Vec<u64>,
+    /// Gaps between consecutive items, us (kept only for a request started in a window).
+    pub(super) gaps: Vec<u32>,
+    keep_gaps: bool,
+    /// Window token counts to flush when the window changed mid-request: (step, tokens).
+    pub(super) spilled: Vec<(usize, u64)>,
+}
+
+impl Track {
+    fn new(start: Instant, started: Option<usize>) -> Self {
+        Self {
+            start,
+            window: started,
+            window_tokens: 0,
+            first_bucket: usize::MAX,
+            buckets: Vec::new(),
+            gaps: Vec::new(),
+            keep_gaps: started.is_some(),
+            spilled: Vec::new(),
+        }
+    }
+
+    /// `tokens` arrived at `now`, `gap` after the previous item (if any), while window
+    /// `window` was open (or none).
+    fn on_item(&mut self, now: Instant, tokens: u64, gap: Option<Duration>, window: Option<usize>) {
+        if window != self.window {
+            if let Some(w) = self.window {
+                self.spilled.push((w, self.window_tokens));
+            }
+            self.window = window;
+            self.window_tokens = 0;
+        }
+        self.window_tokens += tokens;
+        let bucket = usize::try_from((now - self.start).as_millis() / BUCKET.as_millis())
+            .unwrap_or(MAX_BUCKETS)
+            .min(MAX_BUCKETS);
+        if self.first_bucket == usize::MAX {
+            self.first_bucket = bucket;
+        }
+        let i = bucket.saturating_sub(self.first_bucket);
+        if self.buckets.len() <= i {
+            self.buckets.resize(i + 1, 0);
+        }
+        self.buckets[i] += tokens;
+        if let (true, Some(g)) = (self.keep_gaps, gap) {
+            self.gaps
+                .push(u32::try_from(g.as_micros()).unwrap_or(u32::MAX));
+        }
+    }
+}
+
+/// Sends one request and reads its stream to the end.
+async fn one_request<F: BenchFrontend>(
+    plane: &F,
+    shared: &Shared,
+    opts: &FrontendOpts,
+    id: u64,
+    track: &mut Track,
+) -> Result<Timings, String> {
+    let per = u64::from(opts.engines_per_process.max(1));
+    let targets = u64::try_from(opts.worker_processes.max(1)).unwrap_or(1) * per;
+    let target = id % targets;
+    let request = Request {
+        id,
+        worker: u32::try_from(target % per).unwrap_or(0),
+        isl: opts.isl,
+        osl: opts.osl,
+        info: String::new(),
+    };
+    let process = usize::try_from(target / per).unwrap_or(0);
+    let mut stream = plane.request(process, request).await?;
+    let established = Instant::now();
+    let mut first = None;
+    let mut last = established;
+    let mut n = 0u64;
+    while let Some(item) = stream.next_item().await {
+        let item = item?;
+        let now = Instant::now();
+        let tokens = item.token_ids.len() as u64;
+        let gap = first.is_some().then(|| now - last);
+        track.on_item(now, tokens, gap, shared.window());
+        n += tokens;
+        first.get_or_insert(now);
+        last = now;
+    }
+    if n < u64::from(opts.osl) {
+        return Err(format!("stream ended after {n} of {} tokens", opts.osl));
+    }
+    Ok(Timings {
+        established,
+        first: first.unwrap_or(last),
+        last,
+        tokens: n,
+    })
+}
