@@ -48,7 +48,10 @@ impl OpenArm {
             .take_while(|f| slo.met_by(f))
             .map(|f| f.offered_rate)
             .fold(0.0, f64::max);
-        let at = steps.iter().find(|f| !slo.met_by(f)).or_else(|| steps.last());
+        let at = steps
+            .iter()
+            .find(|f| !slo.met_by(f))
+            .or_else(|| steps.last());
         let limit = match at {
             Some(f) if !slo.met_by(f) => {
                 format!("missed at {:.0} req/s: {}", f.offered_rate, limit(f, cap))
