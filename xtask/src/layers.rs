@@ -9,6 +9,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("velo-wire", 0),
     ("velo-mux", 1),
     ("velo-session", 2),
+    // Beside velo-session, depending on none of our crates: TLS for the TCP transport and for
+    // response-plane's classic plane.
+    ("velo-tls", 2),
     ("velo-tcp", 3),
     ("velo-ucx", 3),
     ("response-plane", 4),
@@ -18,7 +21,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("velo-serve", 7),
 ];
 
-const ARROW: &str = "velo-wire <- velo-mux <- velo-session <- {velo-tcp, velo-ucx} \
+const ARROW: &str = "velo-wire <- velo-mux <- {velo-session, velo-tls} <- {velo-tcp, velo-ucx} \
                      <- response-plane <- runtime-glue <- {velo-bench, velo-faults} \
                      (velo-bench <- velo-serve)";
 

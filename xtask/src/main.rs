@@ -21,6 +21,16 @@ mod ucx;
 
 use std::process::ExitCode;
 
+/// `hostile`: velo-bench's `hostile` binary, in release mode, at full scale.
+fn hostile(rest: &[String]) -> Result {
+    if let Some(extra) = rest.first() {
+        return Err(format!("hostile takes no arguments, got {extra:?}").into());
+    }
+    cmd::Cmd::cargo()
+        .args(["run", "--release", "-p", "velo-bench", "--bin", "hostile"])
+        .run()
+}
+
 /// Errors are reported once, by `main`; a boxed error is fine in a tool (STYLE.md section 6).
 pub(crate) type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -54,6 +64,9 @@ Commands:
                            velo-serve over HTTP per plane: a closed loop of N users and
                            an open Poisson loop at R req/s; TTFT, chunk gaps, ITL, tok/s,
                            errors, frontend CPU per token (HTTP vs plane)
+  hostile                  the hostile-peer suite: attacks on a TLS + secret frontend
+                           over loopback beside a legitimate worker; one table (outcome,
+                           peak connections and memory, the worker's success and ITL p99)
   help                     print this help
 
 Environment:
@@ -98,6 +111,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "soak" => soak::run(&soak::Options::parse(rest)?)?,
         "serve-bench" => serve_bench::run(&serve_bench::Options::parse(rest)?)?,
         "faults" => faults::run(&faults::Options::parse(rest)?)?,
+        "hostile" => hostile(rest)?,
         other => {
             eprint!("{HELP}");
             return Err(format!("unknown command `{other}`").into());

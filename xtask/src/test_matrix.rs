@@ -17,6 +17,7 @@ const MATRIX: &[Row] = &[
     Row::new("velo-mux", Features::Default),
     Row::new("velo-mux", Features::Add("test-util")),
     Row::new("velo-session", Features::Default),
+    Row::new("velo-tls", Features::Default),
     Row::new("velo-tcp", Features::Default),
     Row::new("velo-ucx", Features::NoDefault),
     Row::ucx("velo-ucx", Features::Add("ucx")),

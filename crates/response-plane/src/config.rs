@@ -1,9 +1,12 @@
 //! Plane selection and settings, from the environment as Dynamo names them.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::env::Env;
+use crate::security::{ENV_CLUSTER_SECRET_PATH, TlsConfig};
 
 /// `DYN_RESPONSE_PLANE`: `tcp` (default, the classic plane) or `velo`.
 pub const ENV_PLANE: &str = "DYN_RESPONSE_PLANE";
@@ -90,6 +93,9 @@ pub struct ResponsePlaneConfig {
     eager_edges: bool,
     ucx_tls: Option<String>,
     ucx_net_devices: Option<String>,
+    tls: TlsConfig,
+    secret_path: Option<PathBuf>,
+    worker_instance: Option<u64>,
 }
 
 /// Builds a [`ResponsePlaneConfig`], starting from the defaults.
@@ -111,6 +117,9 @@ impl Default for ResponsePlaneConfig {
             eager_edges: true,
             ucx_tls: None,
             ucx_net_devices: None,
+            tls: TlsConfig::default(),
+            secret_path: None,
+            worker_instance: None,
         }
     }
 }
@@ -138,8 +147,8 @@ impl ResponsePlaneConfig {
     pub fn batching(&self) -> Batching {
         self.batching
     }
-    /// Where a frontend listens and what it advertises; `None` listens on every interface
-    /// and advertises this host's routable address.
+    /// Where a frontend listens and what it advertises; `None` listens on (and advertises)
+    /// this host's routable address, as Dynamo does, never on every interface.
     pub fn host(&self) -> Option<IpAddr> {
         self.host
     }
@@ -174,6 +183,26 @@ impl ResponsePlaneConfig {
     /// UCX devices of the plane's own UCX context, if set.
     pub fn ucx_net_devices(&self) -> Option<&str> {
         self.ucx_net_devices.as_deref()
+    }
+    /// TLS of TCP lanes and classic connections (`DYN_TCP_TLS_*`).
+    pub fn tls(&self) -> &TlsConfig {
+        &self.tls
+    }
+    /// The file holding the velo plane's cluster secret (`DYN_VELO_CLUSTER_SECRET_PATH`).
+    pub fn secret_path(&self) -> Option<&std::path::Path> {
+        self.secret_path.as_deref()
+    }
+    /// This worker's discovery instance id, announced in its handshakes (velo).
+    pub fn worker_instance(&self) -> Option<u64> {
+        self.worker_instance
+    }
+
+    /// The cluster secret, read from its file.
+    pub(crate) fn secret(&self) -> Result<Option<velo_session::ClusterSecret>, ConfigError> {
+        self.secret_path
+            .as_deref()
+            .map(crate::security::read_secret)
+            .transpose()
     }
 
     /// Reads the configuration from the process environment.
@@ -239,8 +268,9 @@ impl ResponsePlaneConfigBuilder {
         self.0.batching = batching;
         self
     }
-    /// Where a frontend listens and what it advertises (default: every interface, and this
-    /// host's routable address).
+    /// Where a frontend listens and what it advertises (default: this host's routable
+    /// address). An unspecified address (`0.0.0.0`, `::`) is refused when built: it cannot
+    /// be advertised, and it would listen on every interface.
     pub fn host(mut self, host: Option<IpAddr>) -> Self {
         self.0.host = host;
         self
@@ -297,6 +327,24 @@ impl ResponsePlaneConfigBuilder {
         self
     }
 
+    /// TLS of TCP lanes (velo over TCP) and classic connections (default: none).
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.0.tls = tls;
+        self
+    }
+    /// The file holding the velo plane's cluster secret (default: none); read when built.
+    pub fn secret_path(mut self, path: Option<PathBuf>) -> Self {
+        self.0.secret_path = path;
+        self
+    }
+    /// This worker's discovery instance id (default: none). A frontend opens the streams it
+    /// tied to an instance ([`PendingResponse::associate`](crate::PendingResponse::associate))
+    /// only to connections that announced that instance.
+    pub fn worker_instance(mut self, instance: Option<u64>) -> Self {
+        self.0.worker_instance = instance;
+        self
+    }
+
     /// Applies the `DYN_*` variables `env` sets (others keep their current value).
     ///
     /// # Errors
@@ -333,6 +381,13 @@ impl ResponsePlaneConfigBuilder {
         if let Some(n) = env.number(ENV_MAX_MESSAGE_SIZE, range, size)? {
             c.max_message_size = n;
         }
+        c.tls.apply_env(env)?;
+        let secret = "expected the path of a file holding the cluster secret";
+        if let Some(p) = env.map(ENV_CLUSTER_SECRET_PATH, secret, |v| {
+            (!v.is_empty()).then(|| PathBuf::from(v))
+        })? {
+            c.secret_path = Some(p);
+        }
         Ok(self)
     }
 
@@ -346,6 +401,11 @@ impl ResponsePlaneConfigBuilder {
         if c.plane == Plane::Velo && c.transport == VeloTransport::Ucx && !cfg!(feature = "ucx") {
             return Err(ConfigError::UcxNotCompiled);
         }
+        if let Some(host) = c.host.filter(IpAddr::is_unspecified) {
+            return Err(ConfigError::UnspecifiedHost { host });
+        }
+        c.tls.check()?;
+        c.secret()?;
         if let Batching::Delay(d) = c.batching
             && (d.is_zero() || d > Duration::from_millis(MAX_BATCH_MS))
         {
@@ -379,7 +439,7 @@ impl ResponsePlaneConfigBuilder {
 
 /// Why the configuration is unusable. Startup stops on any of these; nothing falls back to a
 /// default silently.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// An environment variable holds a value that is not allowed.
@@ -401,6 +461,59 @@ pub enum ConfigError {
         value: String,
         /// What is allowed.
         allowed: &'static str,
+    },
+    /// One of a pair of TLS variables is set without the other.
+    #[error("{var} is set but {missing} is not: TLS needs both")]
+    TlsHalfSet {
+        /// The variable that is set.
+        var: &'static str,
+        /// The one missing.
+        missing: &'static str,
+    },
+    /// TLS variables that do not make a usable configuration together (or for this role).
+    #[error("{var} {problem}")]
+    TlsMismatch {
+        /// The variable at fault.
+        var: &'static str,
+        /// What is wrong, and what would fix it.
+        problem: &'static str,
+    },
+    /// A TLS file is unreadable, empty or invalid.
+    #[error("{var}: {source}")]
+    Tls {
+        /// The variable naming the file.
+        var: &'static str,
+        /// What is wrong with it.
+        #[source]
+        source: velo_tls::TlsError,
+    },
+    /// The cluster secret's file cannot be read.
+    #[error("{ENV_CLUSTER_SECRET_PATH}={path:?}: cannot read it: {source}")]
+    SecretRead {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The cluster secret is too short or too long.
+    #[error("{ENV_CLUSTER_SECRET_PATH}={path:?}: {source}")]
+    SecretLength {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        #[source]
+        source: velo_session::SecretError,
+    },
+    /// The host to listen on is unspecified (`0.0.0.0` or `::`): it cannot be advertised to
+    /// workers, and it would listen on every interface.
+    #[error(
+        "{ENV_HOST}={host}: an unspecified address cannot be advertised; name this host's \
+         routable address, or leave it unset to use it"
+    )]
+    UnspecifiedHost {
+        /// The address given.
+        host: IpAddr,
     },
     /// UCX was requested but this build has no UCX support.
     #[error(

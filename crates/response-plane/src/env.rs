@@ -92,7 +92,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         self.map(var, allowed, |v| v.parse().ok())
     }
 
-    fn map<T>(
+    pub(crate) fn map<T>(
         &self,
         var: &'static str,
         allowed: &'static str,

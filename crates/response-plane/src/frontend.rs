@@ -2,6 +2,8 @@
 
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use crate::security::Security;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -64,6 +66,10 @@ struct Inner {
     advertise: SocketAddr,
     instance: velo_wire::InstanceId,
     refused: Arc<AtomicU64>,
+    wrong_worker: Arc<AtomicU64>,
+    security: Security,
+    /// The TLS file watch (stopped with the plane).
+    watch: crate::watch::Watch,
     registered: AtomicU64,
     established: AtomicU64,
     failed: AtomicU64,
@@ -100,12 +106,23 @@ impl FrontendPlane {
     ) -> Result<Self, StartError> {
         let registry = Arc::new(Registry::new());
         let refused = Arc::new(AtomicU64::new(0));
-        let bind_ip = config.host().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let bind = SocketAddr::new(bind_ip, config.port());
+        let wrong_worker = Arc::new(AtomicU64::new(0));
+        let security = Security::frontend(&config)?;
+        // Dynamo's rule: this host's routable address unless told otherwise, never every
+        // interface (an unspecified host is refused when the configuration is built).
+        let ip = config.host().unwrap_or_else(routable_ip);
+        let bind = SocketAddr::new(ip, config.port());
         let (transport, local, instance) = match config.plane() {
             Plane::Classic => {
                 let (max, liveness) = (config.max_message_size(), config.idle_timeout());
-                let f = ClassicFrontend::bind(bind, registry.clone(), max, liveness, tracker)
+                let accept = crate::classic::Accept {
+                    registry: registry.clone(),
+                    max,
+                    liveness,
+                    tls: security.server.clone(),
+                    wrong_worker: wrong_worker.clone(),
+                };
+                let f = ClassicFrontend::bind(bind, accept, tracker.clone())
                     .await
                     .map_err(|source| StartError::Bind {
                         addr: bind,
@@ -119,13 +136,16 @@ impl FrontendPlane {
                 let acceptor = Arc::new(RegistryAcceptor {
                     registry: registry.clone(),
                     refused: refused.clone(),
+                    wrong_worker: wrong_worker.clone(),
                 });
-                let f = velo::bind_frontend(&config, bind, acceptor, tracker).await?;
+                let f = velo::bind_frontend(&config, bind, acceptor, tracker.clone(), &security)
+                    .await?;
                 let (local, instance) = (f.local_addr(), f.endpoint().instance());
                 (Transport::Velo(f), local, instance)
             }
         };
-        let advertise = SocketAddr::new(config.host().unwrap_or_else(routable_ip), local.port());
+        let advertise = SocketAddr::new(ip, local.port());
+        let watch = crate::watch::spawn(&security, &tracker);
         tracing::info!(plane = config.plane().name(), %advertise, "response plane listening");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -135,6 +155,9 @@ impl FrontendPlane {
                 advertise,
                 instance,
                 refused,
+                wrong_worker,
+                security,
+                watch,
                 registered: AtomicU64::new(0),
                 established: AtomicU64::new(0),
                 failed: AtomicU64::new(0),
@@ -211,6 +234,7 @@ impl FrontendPlane {
             streams_established: self.inner.established.load(Ordering::Relaxed),
             stream_setup_failures: self.inner.failed.load(Ordering::Relaxed),
             arrivals_refused: self.inner.refused.load(Ordering::Relaxed),
+            arrivals_wrong_worker: self.inner.wrong_worker.load(Ordering::Relaxed),
             stream_errors: self.inner.streams.errors(),
             streams_in_flight: self.inner.streams.in_flight(),
             ..PlaneStats::default()
@@ -229,6 +253,7 @@ impl FrontendPlane {
     /// `Closed`, the listener stops, and every connection is told (CLOSE) and closed. Lane
     /// tasks end on their own; the caller bounds the wait on its tracker.
     pub async fn shutdown(&self) {
+        self.inner.watch.stop();
         self.inner.registry.close();
         match &self.inner.transport {
             Transport::Classic(f) => f.shutdown().await,
@@ -238,6 +263,7 @@ impl FrontendPlane {
 
     /// Stops every connection at once (the grace period ran out).
     pub fn abort(&self) {
+        self.inner.watch.stop();
         self.inner.registry.close();
         if let Transport::Velo(f) = &self.inner.transport {
             f.abort();
@@ -247,6 +273,18 @@ impl FrontendPlane {
     /// Resolves once every stream this plane handed out has ended or been dropped.
     pub async fn drained(&self) {
         self.inner.streams.drained().await;
+    }
+
+    /// Rereads the TLS certificate, key and client CA files: connections already up keep
+    /// their session, new ones get the new certificate. A running plane also rereads them on
+    /// its own when they change (checked every few seconds). Nothing to do without TLS.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Tls`](crate::ConfigError::Tls) naming the variable whose file is bad;
+    /// the certificate in use stays.
+    pub fn reload_tls(&self) -> Result<(), crate::ConfigError> {
+        self.inner.security.reload()
     }
 
     /// Tells every worker this frontend takes no new streams; open ones finish.

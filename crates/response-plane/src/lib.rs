@@ -79,9 +79,11 @@ mod info;
 mod observe;
 mod prologue;
 mod registry;
+mod security;
 mod stats;
 mod stream;
 mod velo;
+mod watch;
 mod worker;
 
 use std::net::SocketAddr;
@@ -100,10 +102,16 @@ pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, Re
 pub use info::ConnectionInfo;
 pub use observe::PlaneObserver;
 pub use registry::{MAX_PENDING, MAX_TOMBSTONES, TOMBSTONE_TTL};
+pub use security::{
+    ENV_CLUSTER_SECRET_PATH, ENV_TLS_CA_CERT_PATH, ENV_TLS_CERT_PATH, ENV_TLS_CLIENT_CA_CERT_PATH,
+    ENV_TLS_CLIENT_CERT_PATH, ENV_TLS_CLIENT_KEY_PATH, ENV_TLS_HANDSHAKE_TIMEOUT_SECS,
+    ENV_TLS_INSECURE, ENV_TLS_KEY_PATH, ENV_TLS_SERVER_NAME, MAX_TLS_HANDSHAKE_SECS, TlsConfig,
+};
 pub use stats::{
     BATCH_RECORDS_BUCKETS, Counter, FlushReason, HandshakeStats, MuxStats, PlaneStats,
 };
 pub use stream::ResponseStream;
+pub use watch::TLS_WATCH_INTERVAL;
 pub use worker::{ResponseSender, StreamContext, WorkerPlane};
 
 /// Why a plane could not start. Every setup failure surfaces here, at startup.

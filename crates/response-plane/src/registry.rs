@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use subtle::ConstantTimeEq;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -37,6 +38,9 @@ pub(crate) enum Refusal {
     Unknown,
     /// The ticket exists but the token differs.
     BadToken,
+    /// The registration is tied to a worker instance and the stream came from a connection
+    /// that did not announce it.
+    WrongWorker,
 }
 
 pub(crate) struct Registry {
@@ -132,21 +136,29 @@ impl Registry {
         Ok((t, token, rx))
     }
 
-    /// Takes the registration `ticket` for an arriving stream whose address carries `token`.
+    /// Takes the registration `ticket` for an arriving stream whose address carries `token`,
+    /// from a connection that announced worker instance `from`. A registration tied to a
+    /// worker ([`associate`](Self::associate)) is taken only by a stream from that worker;
+    /// the token is compared in constant time.
     pub(crate) fn claim(
         &self,
         ticket: u64,
         token: &[u8; 16],
+        from: Option<u64>,
     ) -> Result<oneshot::Sender<Arrival>, Refusal> {
         let mut g = self.lock();
         let (index, generation) = split(ticket);
-        let slot = g
+        let reg = g
             .slots
             .get(index)
-            .filter(|s| s.generation == generation && s.reg.is_some())
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.reg.as_ref())
             .ok_or(Refusal::Unknown)?;
-        if slot.reg.as_ref().is_some_and(|r| &r.token != token) {
+        if !bool::from(reg.token.ct_eq(token)) {
             return Err(Refusal::BadToken);
+        }
+        if reg.worker.is_some_and(|w| from != Some(w)) {
+            return Err(Refusal::WrongWorker);
         }
         let reg = g.take(index).ok_or(Refusal::Unknown)?;
         Ok(reg.tx)
@@ -331,6 +343,36 @@ mod tests {
                 Disconnect::InstanceRemoved { .. }
             )))
         )
+    }
+
+    #[test]
+    fn a_registration_tied_to_a_worker_is_claimed_only_by_that_worker() {
+        let r = Registry::new();
+        let (t, token, _rx) = r.register().unwrap();
+        r.associate(t, 7).unwrap();
+        assert_eq!(r.claim(t, &token, None).err(), Some(Refusal::WrongWorker));
+        assert_eq!(
+            r.claim(t, &token, Some(8)).err(),
+            Some(Refusal::WrongWorker)
+        );
+        assert_eq!(
+            r.pending(),
+            1,
+            "a refused claim leaves the registration waiting"
+        );
+        let mut wrong = token;
+        wrong[15] ^= 1;
+        assert_eq!(r.claim(t, &wrong, Some(7)).err(), Some(Refusal::BadToken));
+        assert!(r.claim(t, &token, Some(7)).is_ok());
+    }
+
+    #[test]
+    fn an_untied_registration_is_claimed_by_any_worker_with_its_token() {
+        let r = Registry::new();
+        let (t, token, _rx) = r.register().unwrap();
+        assert!(r.claim(t, &token, Some(3)).is_ok());
+        let (t, token, _rx) = r.register().unwrap();
+        assert!(r.claim(t, &token, None).is_ok());
     }
 
     #[test]

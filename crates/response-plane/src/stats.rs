@@ -46,6 +46,10 @@ plane_counters! {
     /// Frontend: arriving streams the registry refused (unknown ticket, bad token, a pending
     /// handle already dropped), on either plane.
     arrivals_refused,
+    /// Frontend: arriving streams refused because they came from another worker than the one
+    /// their registration was tied to, whatever token they carried (also in
+    /// `arrivals_refused`).
+    arrivals_wrong_worker,
     /// Worker, classic plane: streams the frontend asked to stop or killed, each once.
     classic_cancellations,
     /// Streams that ended with an error after they were set up (cancellations aside).

@@ -199,6 +199,25 @@ impl ResponseService {
         r
     }
 
+    /// Rereads the TLS files (`DYN_TCP_TLS_*`) of every plane this service runs: connections
+    /// already up keep their session, new ones use the new certificates. The planes also
+    /// reread them on their own when the files change
+    /// ([`TLS_WATCH_INTERVAL`](response_plane::TLS_WATCH_INTERVAL)). Nothing to do without TLS.
+    ///
+    /// # Errors
+    ///
+    /// The [`ConfigError`](response_plane::ConfigError) naming the variable whose file does
+    /// not load; the certificates in use stay.
+    pub fn reload_tls(&self) -> Result<(), response_plane::ConfigError> {
+        if let Some(f) = &self.inner.frontend {
+            f.reload_tls()?;
+        }
+        if let Some(w) = &self.inner.worker {
+            w.reload_tls()?;
+        }
+        Ok(())
+    }
+
     /// Worker: the once-per-forward-pass flush hint.
     pub fn flush(&self) {
         if let Some(w) = &self.inner.worker {

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use response_plane::{Batching, Plane, ResponsePlaneConfig, VeloTransport};
+use response_plane::{Batching, Plane, ResponsePlaneConfig, TlsConfig, VeloTransport};
 
 /// Which binary runs an arm's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,9 @@ pub struct Arm {
     pub runner: Runner,
     /// How its connections are counted.
     pub conns: Conns,
+    /// Whether its processes run with TLS (`DYN_TCP_TLS_*` pointing at a PKI generated for
+    /// the run: the frontend's certificate and key, the workers' CA).
+    pub tls: bool,
 }
 
 impl Arm {
@@ -66,7 +69,12 @@ impl Arm {
             about,
             runner: Runner::Ours,
             conns: Conns::FrontendTcpPort,
+            tls: false,
         }
+    }
+
+    const fn with_tls(self) -> Self {
+        Self { tls: true, ..self }
     }
 
     const fn peer(name: &'static str, about: &'static str, bin: PeerBin) -> Self {
@@ -75,6 +83,7 @@ impl Arm {
             about,
             runner: Runner::Peer(bin),
             conns: Conns::FrontendTcpPort,
+            tls: false,
         }
     }
 }
@@ -105,10 +114,40 @@ pub fn all() -> Vec<Arm> {
         "tcp",
         "classic plane: one TCP connection per stream",
     ));
+    arms.push(
+        Arm::ours(
+            "velo-tcp-5ms-tls",
+            "velo-tcp-5ms with TLS on every lane (DYN_TCP_TLS_*)",
+        )
+        .with_tls(),
+    );
+    arms.push(
+        Arm::ours(
+            "tcp-tls",
+            "classic plane with TLS on every connection (DYN_TCP_TLS_*)",
+        )
+        .with_tls(),
+    );
     if cfg!(feature = "peers") {
         arms.extend(peer_arms());
     }
     arms
+}
+
+/// Arms run only when named in `--arms`, never by `all`: `dynamo-tcp-tls` (feature `peers`),
+/// Dynamo's classic plane with its own TLS, which CI's peer smoke run does not cover.
+fn named_only() -> Vec<Arm> {
+    if !cfg!(feature = "peers") {
+        return Vec::new();
+    }
+    vec![
+        Arm::peer(
+            "dynamo-tcp-tls",
+            "dynamo-tcp with Dynamo's own TLS switched on by its DYN_TCP_TLS_* variables",
+            DYNAMO,
+        )
+        .with_tls(),
+    ]
 }
 
 /// The peer arms (feature `peers`).
@@ -156,10 +195,11 @@ fn peer_arms() -> [Arm; 6] {
 ///
 /// A message naming an unknown arm and listing the known ones.
 pub fn select(spec: &str) -> Result<Vec<Arm>, String> {
-    let known = all();
+    let mut known = all();
     if spec == "all" {
         return Ok(known);
     }
+    known.extend(named_only());
     spec.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -205,6 +245,13 @@ pub fn our_config_at(name: &str, host: IpAddr) -> Result<(ResponsePlaneConfig, b
         "velo-tcp-pass" => (velo(VeloTransport::Tcp, five), true),
         "velo-ucx" => (velo(VeloTransport::Ucx, five), true),
         "tcp" => (ResponsePlaneConfig::builder().plane(Plane::Classic), false),
+        "velo-tcp-5ms-tls" => (velo(VeloTransport::Tcp, five).tls(tls_from_env()), false),
+        "tcp-tls" => (
+            ResponsePlaneConfig::builder()
+                .plane(Plane::Classic)
+                .tls(tls_from_env()),
+            false,
+        ),
         other => return Err(format!("{other:?} is not one of this binary's arms")),
     };
     let config = builder
@@ -212,4 +259,35 @@ pub fn our_config_at(name: &str, host: IpAddr) -> Result<(ResponsePlaneConfig, b
         .build()
         .map_err(|e| format!("arm {name:?}: {e}"))?;
     Ok((config, flush))
+}
+
+/// The TLS settings the orchestrator hands a TLS arm's processes ([`tls_env`]).
+fn tls_from_env() -> TlsConfig {
+    let path = |var| std::env::var_os(var).map(std::path::PathBuf::from);
+    TlsConfig {
+        cert: path(response_plane::ENV_TLS_CERT_PATH),
+        key: path(response_plane::ENV_TLS_KEY_PATH),
+        ca: path(response_plane::ENV_TLS_CA_CERT_PATH),
+        ..TlsConfig::default()
+    }
+}
+
+/// Whether arm `name` runs with TLS.
+pub fn is_tls(name: &str) -> bool {
+    all()
+        .into_iter()
+        .chain(named_only())
+        .any(|a| a.name == name && a.tls)
+}
+
+/// The environment of a TLS arm's processes: Dynamo's variables pointing at `pki`'s files
+/// (the frontend serves `server.pem`, workers verify it against `ca.pem`). Every process of
+/// the arm gets all of them, as a cluster would; our planes and Dynamo's read the same ones.
+pub fn tls_env(pki: &velo_tls::testing::TestPki) -> Vec<(&'static str, String)> {
+    let p = |n: &str| pki.path(n).display().to_string();
+    vec![
+        (response_plane::ENV_TLS_CERT_PATH, p("server.pem")),
+        (response_plane::ENV_TLS_KEY_PATH, p("server.key")),
+        (response_plane::ENV_TLS_CA_CERT_PATH, p("ca.pem")),
+    ]
 }

@@ -15,6 +15,7 @@ pub mod adapter;
 pub mod arms;
 pub mod engine_stats;
 pub mod frontend;
+pub mod hostile;
 pub mod item;
 pub mod mocker;
 pub mod netns;

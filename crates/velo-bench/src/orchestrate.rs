@@ -322,6 +322,14 @@ fn frontend_args(
 
 /// Spawns `exe` as `role` (inside its network namespace if there is one), its stderr to `log`,
 /// its stdout's lines to `tx` as said by `source`.
+/// The PKI of this run's TLS arms: generated once, at run time (no key is committed), in a
+/// temporary directory that lives as long as the orchestrator.
+fn run_pki() -> &'static velo_tls::testing::TestPki {
+    static PKI: std::sync::OnceLock<velo_tls::testing::TestPki> = std::sync::OnceLock::new();
+    PKI.get_or_init(velo_tls::testing::TestPki::new)
+}
+
+/// Spawns `exe` as `role` (a TLS arm's with `DYN_TCP_TLS_*` pointing at the run's PKI).
 fn spawn(
     exe: &Path,
     role: &Role,
@@ -345,6 +353,13 @@ fn spawn(
             cmd
         }
     };
+    let arm = match role {
+        Role::Frontend(a) => &a.arm,
+        Role::Worker(a) => &a.arm,
+    };
+    if crate::arms::is_tls(arm) {
+        cmd.envs(crate::arms::tls_env(run_pki()));
+    }
     let err = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut child = cmd
         .stdout(Stdio::piped())

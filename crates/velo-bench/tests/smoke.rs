@@ -148,7 +148,14 @@ fn run_velo_bench(json: &Path, plots: &Path) -> String {
 
 /// The arms this build has.
 fn expected_arms() -> Vec<&'static str> {
-    let mut expected = vec!["velo-tcp-5ms", "velo-tcp-greedy", "velo-tcp-pass", "tcp"];
+    let mut expected = vec![
+        "velo-tcp-5ms",
+        "velo-tcp-greedy",
+        "velo-tcp-pass",
+        "tcp",
+        "velo-tcp-5ms-tls",
+        "tcp-tls",
+    ];
     if cfg!(feature = "ucx") {
         expected.push("velo-ucx");
     }

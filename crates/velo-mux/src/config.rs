@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::churn::{ChurnLimit, DEFAULT_CHURN_LIMIT};
 use crate::flush::FlushPolicy;
 
 /// Which end of a connection a mux is.
@@ -34,6 +35,10 @@ pub const DEFAULT_MAX_STREAMS: u32 = 65_536;
 /// Default cap on bytes queued for one lane and not yet taken by its transport: 4 MiB, enough
 /// for a 1 MiB item plus a few hundred windows of small ones.
 pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
+/// Default cap on a stream's prologue, in bytes: 64 KiB. A prologue is `{"error":null}` or an
+/// error with its typed cause, far below this; the frontend holds each until the stream is
+/// taken, so a frame-sized (32 MiB) prologue per stream would let a peer pin gigabytes.
+pub const DEFAULT_MAX_PROLOGUE_LEN: u32 = 64 * 1024;
 /// Default idle timeout of a lane: a silent peer is declared lost after 10 s.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default delay before queued credit grants are flushed: 1 ms. Grants are returned when half
@@ -70,6 +75,8 @@ pub struct MuxConfig {
     pub(crate) flush: FlushPolicy,
     pub(crate) grant_delay: Duration,
     pub(crate) idle_timeout: Duration,
+    pub(crate) max_prologue_len: u32,
+    pub(crate) churn: ChurnLimit,
 }
 
 impl MuxConfig {
@@ -86,6 +93,8 @@ impl MuxConfig {
                 flush: FlushPolicy::default(),
                 grant_delay: DEFAULT_GRANT_DELAY,
                 idle_timeout: DEFAULT_IDLE_TIMEOUT,
+                max_prologue_len: DEFAULT_MAX_PROLOGUE_LEN,
+                churn: DEFAULT_CHURN_LIMIT,
             },
         }
     }
@@ -130,6 +139,15 @@ impl MuxConfig {
     pub fn idle_timeout(&self) -> Duration {
         self.idle_timeout
     }
+    /// Largest prologue a stream carries, in bytes (both sides): the configured cap, or the
+    /// largest record if that is smaller.
+    pub fn max_prologue_len(&self) -> u32 {
+        self.max_prologue_len.min(self.max_record_len())
+    }
+    /// Churn a connection may cause before a lane of it closes (frontend).
+    pub fn churn_limit(&self) -> ChurnLimit {
+        self.churn
+    }
 
     /// The same configuration with another lane count (a frontend adopts each worker's).
     ///
@@ -164,6 +182,8 @@ impl MuxConfig {
             initial_window: self.window,
             idle_timeout_ms: u32::try_from(self.idle_timeout.as_millis()).unwrap_or(u32::MAX),
             capabilities: 0,
+            auth_nonce: None,
+            worker_instance: None,
         }
     }
 }
@@ -219,6 +239,19 @@ impl MuxConfigBuilder {
     /// ([`handshake::MIN_IDLE_TIMEOUT`](crate::handshake::MIN_IDLE_TIMEOUT)).
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.config.idle_timeout = timeout;
+        self
+    }
+
+    /// Largest prologue of a stream in bytes, at least 2 (default 64 KiB); a prologue never
+    /// exceeds the largest record either.
+    pub fn max_prologue_len(mut self, max: u32) -> Self {
+        self.config.max_prologue_len = max;
+        self
+    }
+    /// Churn (streams refused, or reset before their first item) a connection may cause,
+    /// each of `burst` and `per_second` at least 1 (default: 1,024, then 256/s).
+    pub fn churn_limit(mut self, limit: ChurnLimit) -> Self {
+        self.config.churn = limit;
         self
     }
 
@@ -281,6 +314,27 @@ impl MuxConfigBuilder {
             crate::handshake::MIN_IDLE_TIMEOUT,
             crate::handshake::MAX_IDLE_TIMEOUT,
             "must be 100 ms..=1 h",
+        )?;
+        range(
+            "max_prologue_len",
+            c.max_prologue_len,
+            2,
+            u32::MAX,
+            "must be at least 2 bytes",
+        )?;
+        range(
+            "churn burst",
+            c.churn.burst,
+            1,
+            u32::MAX,
+            "must be at least 1",
+        )?;
+        range(
+            "churn rate",
+            c.churn.per_second,
+            1,
+            u32::MAX,
+            "must be at least 1 per second",
         )?;
         c.flush.check()?;
         Ok(c)

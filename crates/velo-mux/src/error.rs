@@ -34,6 +34,15 @@ pub enum LaneError {
     /// timeout; the peer stopped reading.
     #[error("no write progress for {0:?}: peer stopped reading")]
     WriteStalled(Duration),
+    /// Peer's fault: its streams were refused, or reset before their first item, faster than
+    /// the connection's churn limit allows (the "rapid reset" pattern).
+    #[error("peer refused or reset streams past the churn limit ({burst} at once, {per_second}/s)")]
+    ChurnLimit {
+        /// The limit's burst.
+        burst: u32,
+        /// The limit's rate.
+        per_second: u32,
+    },
     /// I/O: the transport under the lane failed or ended.
     #[error("transport lost: {0}")]
     Transport(TransportEnd),
@@ -54,6 +63,7 @@ impl LaneError {
             Self::Malformed(e) => Some(e.close_code()),
             Self::Protocol(_) => Some(CloseCode::PROTOCOL_ERROR),
             Self::IdleTimeout(_) => Some(CloseCode::IDLE_TIMEOUT),
+            Self::ChurnLimit { .. } => Some(CloseCode::CHURN_LIMIT),
             Self::Local { code, .. } => Some(*code),
             // A stalled lane cannot carry a CLOSE frame either.
             Self::PeerClosed { .. } | Self::Transport(_) | Self::WriteStalled(_) => None,

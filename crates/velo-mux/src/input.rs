@@ -77,6 +77,7 @@ impl Mux {
                     });
                 }
                 Frame::Hello(_) => return Err(LaneError::Protocol("HELLO after the handshake")),
+                Frame::Auth(_) => return Err(LaneError::Protocol("AUTH after the handshake")),
             }
         }
     }
@@ -131,8 +132,17 @@ impl Mux {
                 code,
                 message,
             } => {
-                if let Some(key) = self.live_wire(lane, stream) {
-                    self.end_stream(key, Event::Error, StreamEnd::Error { code, message });
+                let Some(key) = self.live_wire(lane, stream) else {
+                    return Ok(());
+                };
+                let before_any_item = matches!(
+                    self.streams.get(key).map(|s| &s.half),
+                    Some(Half::Recv(r)) if r.seq == 0
+                );
+                self.end_stream(key, Event::Error, StreamEnd::Error { code, message });
+                if before_any_item {
+                    // Opened and reset before its first item: churn.
+                    self.churned(now)?;
                 }
                 Ok(())
             }
@@ -270,7 +280,12 @@ impl Mux {
         let slot = id.slot();
         if slot >= self.config.max_streams {
             refuse(self, CancelCode::TOO_MANY_STREAMS);
-            return Ok(());
+            return self.churned(now);
+        }
+        if prologue.len() > self.config.max_prologue_len() as usize {
+            tracing::debug!(stream = %id, len = prologue.len(), "prologue over the cap");
+            refuse(self, CancelCode::PROTOCOL_ERROR);
+            return self.churned(now);
         }
         if let Some(existing) = self.lanes[i].wire.get(slot) {
             let live = self
@@ -305,7 +320,7 @@ impl Mux {
         };
         let Some(key) = self.streams.insert(stream, self.config.max_streams) else {
             refuse(self, CancelCode::TOO_MANY_STREAMS);
-            return Ok(());
+            return self.churned(now);
         };
         self.lanes[i].wire.insert(
             slot,
@@ -391,6 +406,25 @@ impl Mux {
             self.events.push_back(MuxEvent::Writable(key));
         }
         Ok(())
+    }
+
+    /// Frontend: one stream of churn (refused, or reset before its first item). Past the
+    /// connection's churn limit, the lane that caused it closes.
+    ///
+    /// # Errors
+    ///
+    /// [`LaneError::ChurnLimit`] past the limit.
+    pub(crate) fn churned(&mut self, now: Instant) -> Result<(), LaneError> {
+        self.stats.churn += 1;
+        if self.churn.take(now) {
+            return Ok(());
+        }
+        self.stats.churn_closes += 1;
+        let limit = self.config.churn;
+        Err(LaneError::ChurnLimit {
+            burst: limit.burst,
+            per_second: limit.per_second,
+        })
     }
 
     /// Frontend: the live stream `id` names on `lane`, or `None`: a stale record (dropped and

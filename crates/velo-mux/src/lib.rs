@@ -43,6 +43,8 @@
 //! | peer's heartbeat demand | a HELLO's idle timeout within 100 ms..=1 h | the lane is refused ([`handshake::HandshakeError::IdleTimeout`]) |
 //! | frontend slot table per lane | 1 KiB page per 64 worker slots in use, plus 8 B per page up to the highest | pages are freed with their last stream |
 //! | bytes a queued item keeps alive (frontend) | items under [`COPY_BELOW`] (16 KiB) are copied out of the receive buffer; larger ones pin at most 4 times their size | a consumer that stops reading costs its items' bytes, not the buffers they arrived in |
+//! | a stream's prologue (both sides) | `max_prologue_len` (64 KiB) | worker: [`OpenError::PrologueTooLarge`]; frontend: the OPEN is refused with CANCEL `protocol_error`, counted as churn |
+//! | streams refused, or reset before their first item, per connection (frontend) | `churn_limit` (a burst of 1,024, then 256/s) | the lane that went past it closes with CLOSE `churn_limit` ([`LaneError::ChurnLimit`]) |
 //! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
 //! | batch size | [`FlushPolicy`] (64 KiB, 1,024 records) | the batch is sealed and a new one starts |
 //! | events | one pending event of each kind per stream | - |
@@ -63,6 +65,7 @@
 //! assert_eq!(got.len(), 1);
 //! ```
 
+mod churn;
 mod config;
 mod error;
 mod event;
@@ -86,10 +89,11 @@ pub mod testing;
 #[doc(hidden)]
 pub mod fuzzing;
 
+pub use churn::{ChurnLimit, DEFAULT_CHURN_LIMIT};
 pub use config::{
     ConfigError, DEFAULT_GRANT_DELAY, DEFAULT_IDLE_TIMEOUT, DEFAULT_LANES,
-    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW, MuxConfig, MuxConfigBuilder,
-    Side,
+    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_PROLOGUE_LEN, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW,
+    MuxConfig, MuxConfigBuilder, Side,
 };
 pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError, TransportEnd};
 pub use event::MuxEvent;

@@ -103,6 +103,8 @@ pub struct Mux {
     pub(crate) peer_goaway: Option<velo_wire::GoAwayCode>,
     /// This side sent GOAWAY (once is enough).
     pub(crate) local_goaway: bool,
+    /// The connection's churn budget (frontend).
+    pub(crate) churn: crate::churn::ChurnBucket,
 }
 
 impl Mux {
@@ -112,7 +114,6 @@ impl Mux {
             .map(|_| Lane::new(config.max_frame_len, now))
             .collect();
         Self {
-            config,
             lanes,
             streams: Slab::new(),
             events: VecDeque::new(),
@@ -120,6 +121,8 @@ impl Mux {
             stats: MuxStats::default(),
             peer_goaway: None,
             local_goaway: false,
+            churn: crate::churn::ChurnBucket::new(config.churn, now),
+            config,
         }
     }
 

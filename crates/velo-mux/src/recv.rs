@@ -134,11 +134,15 @@ impl Mux {
         r.queue.clear();
         r.final_queued = false;
         r.answered = true;
-        if code != CancelCode::CANCELLED {
+        let refused = code != CancelCode::CANCELLED;
+        if refused {
             self.stats.streams_refused += 1;
         }
         self.end_stream(key, Event::Cancel, StreamEnd::Cancelled(code));
         self.push_record(lane, &Record::Cancel { stream: wire, code }, true);
+        if refused && let Err(e) = self.churned(now) {
+            self.close_lane(lane, e);
+        }
         self.update_ready(lane, now);
     }
 

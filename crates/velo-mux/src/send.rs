@@ -62,7 +62,7 @@ impl Mux {
             }
         };
         let i = usize::from(lane.0);
-        let max = self.record_cap(i);
+        let max = self.record_cap(i).min(self.config.max_prologue_len());
         let prologue_len = u32::try_from(prologue.len())
             .ok()
             .filter(|&l| l <= max)

@@ -118,6 +118,11 @@ counters! {
     streams_violated,
     /// Streams refused by the frontend (limit, unknown ticket, bad token).
     streams_refused,
+    /// Frontend: streams refused, or reset by the worker before their first item (the churn
+    /// the churn limit bounds).
+    churn,
+    /// Frontend: lanes closed for going past the churn limit.
+    churn_closes,
     /// Worker: streams the frontend asked to stop or cancelled, each counted once.
     remote_cancellations,
     /// Lanes that came up.

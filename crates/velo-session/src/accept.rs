@@ -1,6 +1,10 @@
-//! The frontend's accept loop: takes raw lanes from a transport's [`LaneListener`], runs each
-//! handshake in a task of its own under a deadline, holds at most `max_connections`, and
-//! attaches every handshaken lane to its worker's connection.
+//! The frontend's accept loop: takes raw lanes from a transport's [`LaneListener`] and runs
+//! each handshake in a task of its own, phase by phase, each under its own deadline: the
+//! transport's handshake (TLS), then the HELLO exchange with the cluster secret's proof.
+//! Connections still in their handshake count against a budget of their own (per source
+//! address and in total); only a worker that completed its handshake takes one of the
+//! `max_connections` lane places, so a flood of silent or slow handshakes cannot lock real
+//! workers out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,18 +13,31 @@ use bytes::BytesMut;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use velo_wire::{CloseCode, Frame};
+use velo_wire::{CloseCode, Frame, Hello, Role, WireError};
 
 use crate::FrontendEndpoint;
-use crate::handshake::{ReadError, read_frame, refuse, write_frame};
-use crate::io::{LaneListener, RawLane, handshaken};
+use crate::budget::{Exhausted, HandshakeBudget, HandshakeTicket};
+use crate::handshake::{ReadError, read_frame, refuse, write_frames};
+use crate::io::{EstablishError, LaneListener, RawLane, establish, handshaken};
 use crate::stats::{HandshakeCounters, HandshakeStats};
 
-/// Default time a new connection has to complete its handshake: 5 s. A peer that connects and
-/// says nothing holds one connection slot for at most this long.
+/// Default time a new connection has to complete its HELLO exchange (after its transport's
+/// handshake): 5 s. A peer that connects and says nothing holds a handshake place for at most
+/// the transport's deadline plus this.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default cap on connections a frontend holds (lanes plus handshakes in progress).
+/// Default time a new connection has to complete its transport's own handshake (TLS): 3 s,
+/// Dynamo's `DYN_TCP_TLS_HANDSHAKE_TIMEOUT_SECS` default.
+pub const DEFAULT_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default cap on lanes a frontend holds (authenticated connections, each with its handshake
+/// done, plus those between their answer and their proof).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default cap on connections in their handshake at once: 256. Workers dial each lane once
+/// per frontend, so even a fleet starting at once needs few; a flood past it is refused at
+/// once (CLOSE `limit`) and costs no lane place.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 256;
+/// Default cap on connections in their handshake from one source address: 64 (a host
+/// running 16 worker processes of 4 lanes each can start them all at once).
+pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 64;
 /// Pause after a failed accept (out of file descriptors and the like), so the loop does not
 /// spin on an error that persists.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
@@ -28,18 +45,28 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// Bounds of a frontend's accept loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceptSettings {
-    /// Time a new connection has to complete its handshake.
+    /// Time a new connection has to complete its transport's handshake (TLS); a lane
+    /// without one completes it at once.
+    pub establish_timeout: Duration,
+    /// Time a connection has, after its transport's handshake, to complete the HELLO
+    /// exchange (and the cluster secret's proof).
     pub handshake_timeout: Duration,
-    /// Connections held at most (lanes plus handshakes in progress); more are refused with
-    /// CLOSE `limit`.
+    /// Lanes held at most; a worker past it is refused with CLOSE `limit`.
     pub max_connections: usize,
+    /// Connections in their handshake at once; more are refused with CLOSE `limit`.
+    pub max_handshakes: usize,
+    /// Connections in their handshake at once from one source address.
+    pub max_handshakes_per_source: usize,
 }
 
 impl Default for AcceptSettings {
     fn default() -> Self {
         Self {
+            establish_timeout: DEFAULT_ESTABLISH_TIMEOUT,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
         }
     }
 }
@@ -100,7 +127,14 @@ struct AcceptLoop {
 
 impl AcceptLoop {
     async fn run(self, mut listener: impl LaneListener) {
-        let slots = Arc::new(Semaphore::new(self.settings.max_connections));
+        let lanes = Arc::new(Semaphore::new(self.settings.max_connections));
+        let budget = HandshakeBudget::new(
+            self.settings.max_handshakes,
+            self.settings.max_handshakes_per_source,
+        );
+        // Refusals in flight are bounded too: past the bound a connection is dropped without
+        // its CLOSE (a flood learns nothing it needs).
+        let refusals = Arc::new(Semaphore::new(self.settings.max_handshakes));
         let counters = &self.accepting.counters;
         loop {
             // Cancel safety: `poll_accept` loses no lane when not polled again.
@@ -119,92 +153,218 @@ impl AcceptLoop {
                 }
             };
             counters.connections_accepted.inc();
-            self.take(lane, &slots);
+            match budget.enter(lane.peer_addr().map(|a| a.ip())) {
+                Ok(ticket) => self.start(lane, ticket, &lanes),
+                Err(exhausted) => {
+                    counters.handshakes_refused.inc();
+                    let reason = match exhausted {
+                        Exhausted::Source => "too many handshakes in progress from this address",
+                        Exhausted::Total => "too many handshakes in progress",
+                    };
+                    self.refuse(lane, &refusals, CloseCode::LIMIT, reason);
+                }
+            }
         }
         self.accepting.done.cancel();
     }
 
-    /// Starts `lane`'s handshake in a task of its own, or refuses it at the limit.
-    fn take(&self, mut lane: Box<dyn RawLane>, slots: &Arc<Semaphore>) {
-        let counters = self.accepting.counters.clone();
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            counters.connections_refused.inc();
-            self.tracker.spawn(async move {
-                refuse(
-                    &mut *lane,
-                    CloseCode::LIMIT,
-                    "frontend is at its connection limit",
-                )
-                .await;
-            });
+    /// Sends `lane` a refusal in a task of its own, if a refusal place is free.
+    fn refuse(
+        &self,
+        mut lane: Box<dyn RawLane>,
+        refusals: &Arc<Semaphore>,
+        code: CloseCode,
+        reason: &'static str,
+    ) {
+        let Ok(permit) = refusals.clone().try_acquire_owned() else {
             return;
         };
-        let (endpoint, timeout) = (self.endpoint.clone(), self.settings.handshake_timeout);
+        self.tracker.spawn(async move {
+            refuse(&mut *lane, code, reason).await;
+            drop(permit);
+        });
+    }
+
+    /// Starts `lane`'s handshake in a task of its own.
+    fn start(&self, lane: Box<dyn RawLane>, ticket: HandshakeTicket, lanes: &Arc<Semaphore>) {
+        let run = Handshake {
+            endpoint: self.endpoint.clone(),
+            settings: self.settings,
+            counters: self.accepting.counters.clone(),
+            lanes: lanes.clone(),
+        };
         let stop = self.accepting.stop.clone();
         self.tracker.spawn(async move {
             // Cancel safety: dropping a handshake drops its lane, which the peer sees end.
             tokio::select! {
-                () = handshake(lane, slot, endpoint, timeout, &counters) => {}
+                () = run.run(lane, ticket) => {}
                 () = stop.cancelled() => {}
             }
         });
     }
 }
 
-/// One lane's handshake: HELLO in, answer out, attach; or a refusal naming what was wrong.
-async fn handshake(
-    mut lane: Box<dyn RawLane>,
-    slot: OwnedSemaphorePermit,
+/// One lane's handshake, phase by phase.
+struct Handshake {
     endpoint: FrontendEndpoint,
-    timeout: Duration,
-    counters: &HandshakeCounters,
-) {
-    let mut buf = BytesMut::new();
-    let hello = match tokio::time::timeout(timeout, read_frame(&mut *lane, &mut buf)).await {
-        Err(_) => {
-            counters.handshake_timeouts.inc();
-            tracing::debug!("handshake timed out");
-            let reason = "no handshake within the timeout";
-            return refuse(&mut *lane, CloseCode::BAD_HANDSHAKE, reason).await;
-        }
-        Ok(Err(ReadError::Wire(e))) => {
-            counters.handshake_failures.inc();
-            tracing::debug!(error = %e, "invalid handshake");
-            return refuse(&mut *lane, e.close_code(), &e.to_string()).await;
-        }
-        Ok(Err(ReadError::Io(_) | ReadError::Eof)) => {
-            counters.handshake_failures.inc();
+    settings: AcceptSettings,
+    counters: Arc<HandshakeCounters>,
+    lanes: Arc<Semaphore>,
+}
+
+/// A lane past its handshake: the worker's HELLO, the bytes read past it, its lane place.
+type Handshaken = (Hello, BytesMut, OwnedSemaphorePermit);
+
+impl Handshake {
+    async fn run(self, mut lane: Box<dyn RawLane>, ticket: HandshakeTicket) {
+        if !self.establish(&mut *lane).await {
             return;
         }
-        Ok(Ok(Frame::Hello(hello))) => hello,
-        Ok(Ok(_)) => {
-            counters.handshake_failures.inc();
-            let reason = "expected HELLO as the first frame";
-            return refuse(&mut *lane, CloseCode::BAD_HANDSHAKE, reason).await;
+        let deadline = self.settings.handshake_timeout;
+        let exchanged = tokio::time::timeout(deadline, self.exchange(&mut *lane)).await;
+        let (hello, buf, slot) = match exchanged {
+            Ok(Some(done)) => done,
+            Ok(None) => return, // refused and counted
+            Err(_) => {
+                self.counters.handshake_timeouts.inc();
+                tracing::debug!("handshake timed out");
+                let reason = "no handshake within the timeout";
+                return refuse(&mut *lane, CloseCode::BAD_HANDSHAKE, reason).await;
+            }
+        };
+        // Authenticated: the handshake place goes back to the budget.
+        drop(ticket);
+        // Nothing is sent on a lane before its handshake completes, so there is no race
+        // between the answer and the lane's tasks starting below.
+        match self
+            .endpoint
+            .attach_lane(&hello, handshaken(lane, buf, Some(slot)))
+        {
+            Ok(()) => self.counters.lanes_accepted.inc(),
+            Err(e) => {
+                // Only a race with another lane or with shutdown gets here (`answer` checked
+                // the rest); the dropped lane ends, and the worker sees it.
+                self.counters.handshake_failures.inc();
+                tracing::debug!(error = %e, "lane not attached");
+            }
         }
-    };
-    let answer = match endpoint.answer(&hello) {
-        Ok(answer) => answer,
-        Err(e) => {
-            counters.handshake_failures.inc();
-            tracing::debug!(error = %e, "handshake refused");
-            return refuse(&mut *lane, e.close_code(), &e.to_string()).await;
-        }
-    };
-    if let Err(e) = write_frame(&mut *lane, Frame::Hello(answer)).await {
-        tracing::debug!(error = %e, "writing the handshake failed");
-        counters.handshake_failures.inc();
-        return;
     }
-    // Nothing is sent on a lane before its handshake completes, so there is no race between
-    // the answer above and the lane's tasks starting below.
-    match endpoint.attach_lane(&hello, handshaken(lane, buf, Some(slot))) {
-        Ok(()) => counters.lanes_accepted.inc(),
-        Err(e) => {
-            // Only a race with another lane or with shutdown gets here (`answer` checked the
-            // rest); the dropped lane ends, and the worker sees it.
-            counters.handshake_failures.inc();
-            tracing::debug!(error = %e, "lane not attached");
+
+    /// The transport's handshake (TLS) under its deadline. Whether the lane goes on.
+    async fn establish(&self, lane: &mut dyn RawLane) -> bool {
+        let timeout = self.settings.establish_timeout;
+        match tokio::time::timeout(timeout, establish(lane)).await {
+            Ok(Ok(())) => true,
+            Err(_) => {
+                self.counters.establish_timeouts.inc();
+                tracing::debug!("transport handshake timed out");
+                false
+            }
+            Ok(Err(EstablishError::WrongProtocol(reason))) => {
+                self.counters.establish_failures.inc();
+                tracing::debug!(reason, "transport handshake refused");
+                refuse(lane, CloseCode::BAD_HANDSHAKE, reason).await;
+                false
+            }
+            Ok(Err(EstablishError::Io(e))) => {
+                self.counters.establish_failures.inc();
+                tracing::debug!(error = %e, "transport handshake failed");
+                false
+            }
+        }
+    }
+
+    /// HELLO in, answer (and this side's proof) out, the worker's proof in; or a refusal
+    /// naming what was wrong (`None`, counted).
+    async fn exchange(&self, lane: &mut dyn RawLane) -> Option<Handshaken> {
+        let mut buf = BytesMut::new();
+        let hello = self.read_hello(lane, &mut buf).await?;
+        let answer = match self.endpoint.answer(&hello) {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.fail(e.close_code());
+                tracing::debug!(error = %e, "handshake refused");
+                refuse(lane, e.close_code(), &e.to_string()).await;
+                return None;
+            }
+        };
+        let Ok(slot) = self.lanes.clone().try_acquire_owned() else {
+            self.counters.connections_refused.inc();
+            let reason = "frontend is at its connection limit";
+            refuse(lane, CloseCode::LIMIT, reason).await;
+            return None;
+        };
+        let secret = self.endpoint.secret();
+        let mut frames = vec![Frame::Hello(answer)];
+        frames.extend(secret.map(|s| Frame::Auth(s.proof(Role::Frontend, &hello, &answer))));
+        if let Err(e) = write_frames(lane, &frames).await {
+            tracing::debug!(error = %e, "writing the handshake failed");
+            self.counters.handshake_failures.inc();
+            return None;
+        }
+        if let Some(secret) = secret {
+            let proof = self.read_frame(lane, &mut buf).await?;
+            let ok = match &proof {
+                Frame::Auth(auth) => secret.verify(Role::Worker, &hello, &answer, auth),
+                _ => false,
+            };
+            if !ok {
+                self.fail(CloseCode::UNAUTHENTICATED);
+                let reason = match proof {
+                    Frame::Auth(_) => "wrong proof of the cluster secret",
+                    _ => "expected the worker's proof of the cluster secret (AUTH)",
+                };
+                refuse(lane, CloseCode::UNAUTHENTICATED, reason).await;
+                return None;
+            }
+        }
+        Some((hello, buf, slot))
+    }
+
+    async fn read_hello(&self, lane: &mut dyn RawLane, buf: &mut BytesMut) -> Option<Hello> {
+        match self.read_frame(lane, buf).await? {
+            Frame::Hello(hello) => Some(hello),
+            _ => {
+                self.counters.handshake_failures.inc();
+                let reason = "expected HELLO as the first frame";
+                refuse(lane, CloseCode::BAD_HANDSHAKE, reason).await;
+                None
+            }
+        }
+    }
+
+    /// One handshake frame, or `None` after refusing what is not a frame (counted).
+    async fn read_frame(&self, lane: &mut dyn RawLane, buf: &mut BytesMut) -> Option<Frame> {
+        match read_frame(lane, buf).await {
+            Ok(frame) => Some(frame),
+            Err(ReadError::Wire(WireError::UnknownFrame { kind })) if kind == TLS_RECORD => {
+                self.counters.handshake_failures.inc();
+                let reason = "the peer began a TLS handshake, but this listener does not use TLS";
+                refuse(lane, CloseCode::BAD_HANDSHAKE, reason).await;
+                None
+            }
+            Err(ReadError::Wire(e)) => {
+                self.counters.handshake_failures.inc();
+                tracing::debug!(error = %e, "invalid handshake");
+                refuse(lane, e.close_code(), &e.to_string()).await;
+                None
+            }
+            Err(ReadError::Io(_) | ReadError::Eof) => {
+                self.counters.handshake_failures.inc();
+                None
+            }
+        }
+    }
+
+    /// Counts a refused handshake by its code.
+    fn fail(&self, code: CloseCode) {
+        if code == CloseCode::UNAUTHENTICATED {
+            self.counters.auth_failures.inc();
+        } else {
+            self.counters.handshake_failures.inc();
         }
     }
 }
+
+/// The first byte of a TLS handshake record: what a TLS client sends a plaintext listener.
+const TLS_RECORD: u8 = 0x16;

@@ -10,6 +10,7 @@ use velo_mux::handshake::Expect;
 use velo_wire::{Hello, WireError};
 
 use crate::ConnectError;
+use crate::auth::ClusterSecret;
 use crate::handshake::{DialHandshakeError, dial_handshake};
 use crate::io::{Dialer, LaneIo, handshaken};
 use crate::stats::HandshakeCounters;
@@ -17,6 +18,7 @@ use crate::stats::HandshakeCounters;
 /// Dials lanes through a transport and runs their handshakes.
 pub(crate) struct Connector {
     pub(crate) dialer: Arc<dyn Dialer>,
+    pub(crate) secret: Option<ClusterSecret>,
     pub(crate) handshake_timeout: Duration,
     pub(crate) counters: Arc<HandshakeCounters>,
 }
@@ -52,7 +54,8 @@ impl Connector {
             source: Arc::new(source),
         };
         let mut lane = self.dialer.dial(addr).await.map_err(io)?;
-        let (answer, leftover) = dial_handshake(&mut *lane, hello, expect)
+        let secret = self.secret.as_ref();
+        let (answer, leftover) = dial_handshake(&mut *lane, hello, expect, secret)
             .await
             .map_err(|e| match e {
                 DialHandshakeError::Io(e) => io(e),
@@ -71,6 +74,9 @@ impl Connector {
                     reason: close.reason,
                 },
                 DialHandshakeError::Handshake(source) => ConnectError::Handshake { addr, source },
+                DialHandshakeError::Unauthenticated(reason) => {
+                    ConnectError::Unauthenticated { addr, reason }
+                }
             })?;
         Ok((answer, handshaken(lane, leftover, None)))
     }

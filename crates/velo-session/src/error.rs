@@ -61,6 +61,15 @@ pub enum ConnectError {
         #[source]
         source: WireError,
     },
+    /// The cluster secret's exchange failed on this side: the frontend holds no secret, or
+    /// another one (this side told it with CLOSE `unauthenticated`).
+    #[error("frontend at {addr} not authenticated: {reason}")]
+    Unauthenticated {
+        /// Where.
+        addr: SocketAddr,
+        /// What was wrong.
+        reason: &'static str,
+    },
     /// A recent preparation failed; this request fails fast instead of dialing again.
     #[error("connection to {addr} failed {ago:?} ago, next attempt in {retry_in:?}: {last}")]
     BackingOff {

@@ -11,6 +11,7 @@ use velo_mux::handshake::{Expect, HandshakeError};
 use velo_mux::{LaneId, LaneState, Mux, MuxConfig, MuxStats, Side};
 use velo_wire::{CloseCode, Hello, InstanceId, Role};
 
+use crate::auth::{self, ClusterSecret};
 use crate::peer::Retired;
 use crate::{Acceptor, LaneIo, Peer, clock};
 
@@ -22,6 +23,21 @@ pub struct FrontendSettings {
     pub mux: MuxConfig,
     /// Receive buffer of each lane's reader, in bytes.
     pub read_buffer: usize,
+    /// The cluster secret every worker must prove in its handshake; `None` takes workers
+    /// without one (and refuses those offering one: a secret on one side only is a
+    /// misconfiguration, reported on both).
+    pub secret: Option<ClusterSecret>,
+}
+
+impl FrontendSettings {
+    /// The defaults with `mux` (a frontend-side configuration): no secret.
+    pub fn new(mux: MuxConfig) -> Self {
+        Self {
+            mux,
+            read_buffer: crate::DEFAULT_READ_BUFFER,
+            secret: None,
+        }
+    }
 }
 
 /// Why a handshaken lane could not join a connection.
@@ -47,6 +63,19 @@ pub enum AttachError {
     /// The endpoint is shutting down and takes no new lanes.
     #[error("the frontend is shutting down")]
     ShuttingDown,
+    /// The worker's HELLO and this side disagree on the cluster secret.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// The worker's lanes announce different discovery instances.
+    #[error("lane {index} announces worker instance {got:?}, the connection {expected:?}")]
+    WorkerInstance {
+        /// The lane's index.
+        index: u16,
+        /// Its announced instance.
+        got: Option<u64>,
+        /// The connection's.
+        expected: Option<u64>,
+    },
 }
 
 impl AttachError {
@@ -54,8 +83,11 @@ impl AttachError {
     pub fn close_code(&self) -> CloseCode {
         match self {
             Self::Handshake(e) => e.close_code(),
-            Self::LaneCount { .. } | Self::LaneInUse(_) => CloseCode::BAD_HANDSHAKE,
+            Self::LaneCount { .. } | Self::LaneInUse(_) | Self::WorkerInstance { .. } => {
+                CloseCode::BAD_HANDSHAKE
+            }
             Self::ShuttingDown => CloseCode::SHUTTING_DOWN,
+            Self::Unauthenticated(_) => CloseCode::UNAUTHENTICATED,
         }
     }
 }
@@ -129,8 +161,14 @@ impl FrontendEndpoint {
         self.inner.instance
     }
 
-    /// Checks a worker's HELLO (identity, role, lane numbering against its connection so far)
-    /// and returns this side's answer.
+    /// The cluster secret workers must prove, if any.
+    pub(crate) fn secret(&self) -> Option<&ClusterSecret> {
+        self.inner.settings.secret.as_ref()
+    }
+
+    /// Checks a worker's HELLO (identity, role, lane numbering against its connection so
+    /// far, the cluster secret's offer) and returns this side's answer, with a fresh
+    /// challenge nonce when a secret is configured.
     ///
     /// # Errors
     ///
@@ -143,6 +181,19 @@ impl FrontendEndpoint {
             lane: None,
         }
         .check(worker)?;
+        match (&self.inner.settings.secret, worker.auth_nonce) {
+            (Some(_), None) => {
+                return Err(AttachError::Unauthenticated(
+                    "this frontend requires the cluster secret; the worker offers no proof",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(AttachError::Unauthenticated(
+                    "the worker offers a cluster secret, but this frontend has none configured",
+                ));
+            }
+            _ => {}
+        }
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(AttachError::ShuttingDown);
         }
@@ -165,6 +216,7 @@ impl FrontendEndpoint {
             if peer.lane_state(LaneId(worker.lane_index)) != LaneState::Down {
                 return Err(AttachError::LaneInUse(worker.lane_index));
             }
+            check_instance(&peer, worker)?;
         }
         let mut reply = self.inner.settings.mux.hello(
             worker.lane_index,
@@ -172,6 +224,7 @@ impl FrontendEndpoint {
             worker.instance_id,
         );
         reply.lane_count = worker.lane_count;
+        reply.auth_nonce = self.inner.settings.secret.as_ref().map(|_| auth::nonce());
         Ok(reply)
     }
 
@@ -198,6 +251,7 @@ impl FrontendEndpoint {
                 Peer::new(
                     mux,
                     worker.instance_id,
+                    worker.worker_instance,
                     Some(self.inner.acceptor.clone()),
                     None, // a frontend opens no streams, so it loses none before an ACCEPT
                     &self.inner.abort,
@@ -214,6 +268,7 @@ impl FrontendEndpoint {
                 expected: lanes,
             });
         }
+        check_instance(&peer, worker)?;
         let lane = LaneId(worker.lane_index);
         if peer.lane_state(lane) != LaneState::Down {
             return Err(AttachError::LaneInUse(worker.lane_index));
@@ -285,4 +340,16 @@ impl FrontendEndpoint {
             p.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
         }
     }
+}
+
+/// Every lane of a connection announces the same worker instance.
+fn check_instance(peer: &Peer, worker: &Hello) -> Result<(), AttachError> {
+    if peer.worker_instance() != worker.worker_instance {
+        return Err(AttachError::WorkerInstance {
+            index: worker.lane_index,
+            got: worker.worker_instance,
+            expected: peer.worker_instance(),
+        });
+    }
+    Ok(())
 }

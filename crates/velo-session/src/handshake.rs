@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use velo_mux::handshake::Expect;
-use velo_wire::{Close, CloseCode, Frame, FrameDecoder, Hello, WireError};
+use velo_wire::{Close, CloseCode, Frame, FrameDecoder, Hello, Role, WireError};
 
+use crate::auth::{self, ClusterSecret};
 use crate::io::{self as lane_io, RawLane};
 
 /// Largest frame accepted before the handshake completes: a HELLO is 58 bytes and a CLOSE at
@@ -53,8 +54,15 @@ pub(crate) async fn read_frame(
 
 /// Sends one frame.
 pub(crate) async fn write_frame(lane: &mut dyn RawLane, frame: Frame) -> io::Result<()> {
-    let mut out = BytesMut::with_capacity(64);
-    frame.encode(&mut out);
+    write_frames(lane, &[frame]).await
+}
+
+/// Sends frames in one write.
+pub(crate) async fn write_frames(lane: &mut dyn RawLane, frames: &[Frame]) -> io::Result<()> {
+    let mut out = BytesMut::with_capacity(256);
+    for frame in frames {
+        frame.encode(&mut out);
+    }
     lane_io::write(lane, &mut vec![Bytes::from(out)]).await
 }
 
@@ -78,34 +86,86 @@ pub(crate) enum DialHandshakeError {
     Wire(WireError),
     Refused(Close),
     Handshake(velo_mux::handshake::HandshakeError),
+    /// The cluster secret's exchange failed (this side sent a CLOSE saying why).
+    Unauthenticated(&'static str),
     UnexpectedFrame,
     Eof,
 }
 
-/// The worker's side: sends `hello`, reads the answer and checks it with `expect`. Returns
-/// the frontend's HELLO and the bytes read past it.
+impl From<ReadError> for DialHandshakeError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Io(e) => Self::Io(e),
+            ReadError::Wire(e) => Self::Wire(e),
+            ReadError::Eof => Self::Eof,
+        }
+    }
+}
+
+/// The worker's side: sends `hello` (with a challenge nonce when `secret` is set), reads the
+/// answer and checks it with `expect`, then runs the secret's challenge-response. Returns
+/// the frontend's HELLO and the bytes read past the handshake.
 pub(crate) async fn dial_handshake(
     lane: &mut dyn RawLane,
-    hello: Hello,
+    mut hello: Hello,
     expect: Expect,
+    secret: Option<&ClusterSecret>,
 ) -> Result<(Hello, BytesMut), DialHandshakeError> {
-    write_frame(lane, Frame::Hello(hello))
-        .await
-        .map_err(DialHandshakeError::Io)?;
+    hello.auth_nonce = secret.map(|_| auth::nonce());
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
-    let frame = read_frame(lane, &mut buf).await.map_err(|e| match e {
-        ReadError::Io(e) => DialHandshakeError::Io(e),
-        ReadError::Wire(e) => DialHandshakeError::Wire(e),
-        ReadError::Eof => DialHandshakeError::Eof,
-    })?;
-    match frame {
-        Frame::Hello(answer) => {
-            expect
-                .check(&answer)
-                .map_err(DialHandshakeError::Handshake)?;
-            Ok((answer, buf))
-        }
-        Frame::Close(close) => Err(DialHandshakeError::Refused(close)),
-        Frame::Batch(_) => Err(DialHandshakeError::UnexpectedFrame),
+    if let Err(e) = write_frame(lane, Frame::Hello(hello)).await {
+        // A frontend refusing at a limit may close before it reads: its CLOSE says why.
+        return Err(match read_frame(lane, &mut buf).await {
+            Ok(Frame::Close(close)) => DialHandshakeError::Refused(close),
+            _ => DialHandshakeError::Io(e),
+        });
     }
+    let answer = match read_frame(lane, &mut buf).await? {
+        Frame::Hello(answer) => answer,
+        Frame::Close(close) => return Err(DialHandshakeError::Refused(close)),
+        Frame::Batch(_) | Frame::Auth(_) => return Err(DialHandshakeError::UnexpectedFrame),
+    };
+    expect
+        .check(&answer)
+        .map_err(DialHandshakeError::Handshake)?;
+    match (secret, answer.auth_nonce) {
+        (None, None) => {}
+        (Some(secret), Some(_)) => prove(lane, &mut buf, secret, &hello, &answer).await?,
+        (Some(_), None) => {
+            let reason = "the frontend offers no proof of the cluster secret this worker holds";
+            refuse(lane, CloseCode::UNAUTHENTICATED, reason).await;
+            return Err(DialHandshakeError::Unauthenticated(reason));
+        }
+        (None, Some(_)) => {
+            let reason = "the frontend asks for a cluster secret this worker does not hold";
+            refuse(lane, CloseCode::UNAUTHENTICATED, reason).await;
+            return Err(DialHandshakeError::Unauthenticated(reason));
+        }
+    }
+    Ok((answer, buf))
+}
+
+/// The worker's half of the challenge-response: checks the frontend's proof (it holds the
+/// secret), then sends this side's.
+async fn prove(
+    lane: &mut dyn RawLane,
+    buf: &mut BytesMut,
+    secret: &ClusterSecret,
+    hello: &Hello,
+    answer: &Hello,
+) -> Result<(), DialHandshakeError> {
+    let proof = match read_frame(lane, buf).await? {
+        Frame::Auth(proof) => proof,
+        Frame::Close(close) => return Err(DialHandshakeError::Refused(close)),
+        Frame::Batch(_) | Frame::Hello(_) => return Err(DialHandshakeError::UnexpectedFrame),
+    };
+    if !secret.verify(Role::Frontend, hello, answer, &proof) {
+        let reason = "the frontend's proof does not match this worker's cluster secret";
+        refuse(lane, CloseCode::UNAUTHENTICATED, reason).await;
+        return Err(DialHandshakeError::Unauthenticated(reason));
+    }
+    let mine = secret.proof(Role::Worker, hello, answer);
+    write_frame(lane, Frame::Auth(mine))
+        .await
+        .map_err(DialHandshakeError::Io)
 }

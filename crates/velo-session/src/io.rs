@@ -37,6 +37,38 @@ pub trait LaneWrite: Send + 'static {
 pub trait RawLane: LaneRead + LaneWrite {
     /// The two halves, for the lane's reader and writer tasks.
     fn into_io(self: Box<Self>) -> LaneIo;
+
+    /// Completes the transport's own handshake (TLS) on a lane a [`LaneListener`] yielded,
+    /// before any velo frame. The accept loop polls it under its own deadline
+    /// ([`AcceptSettings::establish_timeout`](crate::AcceptSettings)), in the lane's task,
+    /// never in the accept loop. The default has nothing to do.
+    ///
+    /// # Errors
+    ///
+    /// [`EstablishError`]; after [`EstablishError::WrongProtocol`] the lane's writes still
+    /// reach the peer, so it can be told why in a CLOSE frame.
+    fn poll_establish(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), EstablishError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// The peer's address, when the transport knows it: its IP address is the unit of the
+    /// per-source handshake budget ([`AcceptSettings::max_handshakes_per_source`](crate::AcceptSettings)).
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        None
+    }
+}
+
+/// Why a transport's own handshake failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EstablishError {
+    /// The peer speaks another protocol than this lane expects (plaintext velo to a TLS
+    /// listener); the lane can still carry a plaintext CLOSE saying so.
+    #[error("{0}")]
+    WrongProtocol(&'static str),
+    /// The handshake failed (a TLS alert, a certificate refused, the connection lost).
+    #[error(transparent)]
+    Io(#[from] io::Error),
 }
 
 /// Yields the raw lanes peers open to a frontend.
@@ -92,6 +124,11 @@ pub(crate) async fn write<W: LaneWrite + ?Sized>(
     chunks: &mut Vec<Bytes>,
 ) -> io::Result<()> {
     poll_fn(|cx| lane.poll_write(cx, chunks)).await
+}
+
+/// Completes the transport's handshake (see [`RawLane::poll_establish`]).
+pub(crate) async fn establish<L: RawLane + ?Sized>(lane: &mut L) -> Result<(), EstablishError> {
+    poll_fn(|cx| lane.poll_establish(cx)).await
 }
 
 /// Ends the lane from this side (see [`LaneWrite::poll_close`]).

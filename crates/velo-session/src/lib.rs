@@ -29,9 +29,11 @@
 //! [`TaskTracker`]: tokio_util::task::TaskTracker
 
 mod accept;
+mod auth;
 #[cfg(feature = "__bench")]
 #[doc(hidden)]
 pub mod bench;
+mod budget;
 mod clock;
 #[cfg(feature = "__contract")]
 #[doc(hidden)]
@@ -54,11 +56,15 @@ mod stats;
 mod stream;
 mod worker;
 
-pub use accept::{AcceptSettings, Accepting, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
+pub use accept::{
+    AcceptSettings, Accepting, DEFAULT_ESTABLISH_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
+};
+pub use auth::{ClusterSecret, MAX_SECRET_LEN, MIN_SECRET_LEN, SecretError};
 pub use error::{ConnectError, StreamError};
 pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings};
 pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};
-pub use io::{Dialer, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane};
+pub use io::{Dialer, EstablishError, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane};
 pub use listening::{FrontendParts, ListeningFrontend, TransportControl};
 pub use peer::{Acceptor, Peer};
 pub use pump::CLOSE_GRACE;

@@ -78,6 +78,8 @@ pub(crate) struct PeerInner {
     state: Mutex<PeerState>,
     pub(crate) lanes: Box<[LaneCtl]>,
     instance: InstanceId,
+    /// The worker's discovery instance, as its HELLO announced it (frontend).
+    worker_instance: Option<u64>,
     /// Some lane is up: read without the lock on the worker's per-request fast path.
     alive: AtomicBool,
     /// The peer sent GOAWAY: it takes no new streams on this connection.
@@ -145,6 +147,7 @@ impl Peer {
     pub(crate) fn new(
         mux: Mux,
         instance: InstanceId,
+        worker_instance: Option<u64>,
         acceptor: Option<Arc<dyn Acceptor>>,
         on_lost: Option<LostOpens>,
         abort: &CancellationToken,
@@ -170,6 +173,7 @@ impl Peer {
                 }),
                 lanes,
                 instance,
+                worker_instance,
                 alive: AtomicBool::new(false),
                 going_away: AtomicBool::new(false),
                 pumps: AtomicU16::new(0),
@@ -184,6 +188,13 @@ impl Peer {
     /// The peer's instance id.
     pub fn instance(&self) -> InstanceId {
         self.inner.instance
+    }
+
+    /// The worker's discovery instance id, as its handshake announced it (frontend; `None`
+    /// when it announced none, and on a worker's side). Authenticated when the cluster
+    /// secret or mutual TLS is on; otherwise only as trustworthy as the network.
+    pub fn worker_instance(&self) -> Option<u64> {
+        self.inner.worker_instance
     }
 
     /// Whether any lane to the peer is up. Lock-free.

@@ -145,6 +145,14 @@ impl IncomingStream {
         &self.token
     }
 
+    /// The discovery instance the opening worker's connection announced (see
+    /// [`Peer::worker_instance`]).
+    pub fn worker_instance(&self) -> Option<u64> {
+        self.stream
+            .as_ref()
+            .and_then(|s| s.peer().worker_instance())
+    }
+
     /// The prologue (JSON bytes).
     pub fn prologue(&self) -> &Bytes {
         &self.prologue

@@ -5,21 +5,31 @@ use std::time::Duration;
 use velo_mux::MuxConfig;
 
 use crate::{
-    AcceptSettings, Backoff, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    AcceptSettings, Backoff, ClusterSecret, DEFAULT_ESTABLISH_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
     DEFAULT_READ_BUFFER, FrontendSettings, WorkerSettings,
 };
 
 /// What a transport's configuration carries for velo-session, the same in every transport:
-/// the bound on a lane's handshake, a frontend's connection limit, each lane reader's buffer
-/// and a worker's backoff. A transport hands them on as [`FrontendSettings`],
+/// the bounds on a lane's handshake phases, a frontend's connection and handshake limits, each
+/// lane reader's buffer, a worker's backoff, the cluster secret and the worker's instance. A transport hands them on as [`FrontendSettings`],
 /// [`AcceptSettings`] and [`WorkerSettings`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionSettings {
-    /// Bound on the handshake of one lane (both sides), from the transport's connection on.
+    /// Bound on the HELLO exchange of one lane (both sides; a worker's includes dialing).
     pub handshake_timeout: Duration,
-    /// Connections a frontend holds at most (lanes plus handshakes in progress); more are
-    /// refused with CLOSE `limit`.
+    /// Bound on a frontend's transport handshake (TLS) of one lane, before its HELLO.
+    pub establish_timeout: Duration,
+    /// Lanes a frontend holds at most; more are refused with CLOSE `limit`.
     pub max_connections: usize,
+    /// Connections a frontend has in their handshake at once, in total (apart from lanes).
+    pub max_handshakes: usize,
+    /// Connections a frontend has in their handshake at once from one source address.
+    pub max_handshakes_per_source: usize,
+    /// The cluster secret proved in every handshake (both sides); `None` for none.
+    pub secret: Option<ClusterSecret>,
+    /// A worker's discovery instance, announced in its HELLOs.
+    pub worker_instance: Option<u64>,
     /// Each lane reader's buffer, in bytes.
     pub read_buffer: usize,
     /// Backoff between failed preparations of one frontend (worker).
@@ -30,9 +40,14 @@ impl Default for SessionSettings {
     fn default() -> Self {
         Self {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            establish_timeout: DEFAULT_ESTABLISH_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
             read_buffer: DEFAULT_READ_BUFFER,
             backoff: Backoff::default(),
+            secret: None,
+            worker_instance: None,
         }
     }
 }
@@ -43,14 +58,18 @@ impl SessionSettings {
         FrontendSettings {
             mux,
             read_buffer: self.read_buffer,
+            secret: self.secret.clone(),
         }
     }
 
     /// The bounds of a frontend's accept loop.
     pub fn accept(&self) -> AcceptSettings {
         AcceptSettings {
+            establish_timeout: self.establish_timeout,
             handshake_timeout: self.handshake_timeout,
             max_connections: self.max_connections,
+            max_handshakes: self.max_handshakes,
+            max_handshakes_per_source: self.max_handshakes_per_source,
         }
     }
 
@@ -61,6 +80,8 @@ impl SessionSettings {
             backoff: self.backoff,
             read_buffer: self.read_buffer,
             handshake_timeout: self.handshake_timeout,
+            secret: self.secret.clone(),
+            worker_instance: self.worker_instance,
             ..WorkerSettings::new(mux)
         }
     }
@@ -74,6 +95,8 @@ impl WorkerSettings {
             handshake_timeout: self.handshake_timeout,
             read_buffer: self.read_buffer,
             backoff: self.backoff,
+            secret: self.secret.clone(),
+            worker_instance: self.worker_instance,
             ..SessionSettings::default()
         }
     }

@@ -49,8 +49,18 @@ macro_rules! handshake_counters {
 handshake_counters! {
     /// Connections accepted (frontend).
     connections_accepted,
-    /// Connections refused at the connection limit (frontend).
+    /// Connections refused at the lane limit (frontend).
     connections_refused,
+    /// Connections refused because too many handshakes were in progress, from their source
+    /// address or in total (frontend).
+    handshakes_refused,
+    /// Connections whose transport handshake (TLS) did not complete in time (frontend).
+    establish_timeouts,
+    /// Connections whose transport handshake (TLS) failed: a refused certificate, a plaintext
+    /// peer on a TLS listener (frontend).
+    establish_failures,
+    /// Connections refused for not proving the cluster secret (frontend).
+    auth_failures,
     /// Accepts that failed (frontend; out of file descriptors and the like).
     accept_errors,
     /// Connections closed because their handshake was invalid, refused or cut short (frontend).

@@ -20,12 +20,23 @@ const MAX_IOVECS: usize = 64;
 pub struct StreamLane<S, R, W> {
     stream: S,
     split: fn(S) -> (R, W),
+    peer: Option<std::net::SocketAddr>,
 }
 
 impl<S, R, W> StreamLane<S, R, W> {
     /// `stream` as a lane, to be split by `split`.
     pub fn new(stream: S, split: fn(S) -> (R, W)) -> Self {
-        Self { stream, split }
+        Self {
+            stream,
+            split,
+            peer: None,
+        }
+    }
+
+    /// The same lane, reporting `peer` as the peer's address (see [`RawLane::peer_addr`]).
+    pub fn with_peer(mut self, peer: Option<std::net::SocketAddr>) -> Self {
+        self.peer = peer;
+        self
     }
 }
 
@@ -65,6 +76,10 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.peer
+    }
+
     fn into_io(self: Box<Self>) -> LaneIo {
         let (read, write) = (self.split)(self.stream);
         LaneIo {

@@ -16,6 +16,7 @@ use velo_mux::handshake::Expect;
 use velo_mux::{LaneId, Mux, MuxConfig, MuxStats, Side};
 use velo_wire::{InstanceId, Role, Token};
 
+use crate::auth::ClusterSecret;
 use crate::dial::Connector;
 use crate::peer::Retired;
 use crate::stats::{HandshakeCounters, HandshakeStats};
@@ -54,6 +55,12 @@ pub struct WorkerSettings {
     /// Bound on preparing one connection (dialing and handshaking every lane), whatever the
     /// transport's own timeouts.
     pub prepare_timeout: Duration,
+    /// The cluster secret this worker proves in every handshake (and requires frontends to
+    /// prove); `None` for none.
+    pub secret: Option<ClusterSecret>,
+    /// This worker's discovery instance id, announced in every HELLO: a frontend opens the
+    /// streams it tied to this instance only to connections that announce it.
+    pub worker_instance: Option<u64>,
 }
 
 impl WorkerSettings {
@@ -65,6 +72,8 @@ impl WorkerSettings {
             read_buffer: DEFAULT_READ_BUFFER,
             handshake_timeout: crate::DEFAULT_HANDSHAKE_TIMEOUT,
             prepare_timeout: DEFAULT_PREPARE_TIMEOUT,
+            secret: None,
+            worker_instance: None,
         }
     }
 }
@@ -145,6 +154,7 @@ impl WorkerEndpoint {
             inner: Arc::new(WorkerInner {
                 connector: Connector {
                     dialer,
+                    secret: settings.secret.clone(),
                     handshake_timeout: settings.handshake_timeout,
                     counters: Arc::new(HandshakeCounters::default()),
                 },
@@ -484,7 +494,8 @@ async fn prepare(
     // A fresh id per connection: see docs/protocol.md, HELLO instance_id.
     let me = new_instance_id();
     let dials = (0..lanes).map(|i| {
-        let hello = mux_config.hello(i, me, instance);
+        let mut hello = mux_config.hello(i, me, instance);
+        hello.worker_instance = inner.settings.worker_instance;
         let expect = Expect {
             role: Role::Frontend,
             local_instance: me,
@@ -504,6 +515,7 @@ async fn prepare(
     let peer = Peer::new(
         Mux::new(mux_config, clock::now()),
         instance,
+        None,
         None,
         Some(announcer(inner, (instance, addr))),
         &inner.abort,

@@ -1,8 +1,10 @@
 //! TCP settings.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use velo_session::SessionSettings;
+use velo_tls::{ClientTls, ServerTls};
 
 /// Default time to establish a TCP connection: 3 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -32,6 +34,11 @@ pub struct TcpConfig {
     /// What velo-session takes: the handshake bound (from the TCP connection on), the
     /// frontend's connection limit, the lane reader's buffer, the worker's backoff.
     pub session: SessionSettings,
+    /// TLS on the frontend's listener (its certificate, and its clients' CA for mutual TLS);
+    /// `None` for plaintext lanes. Shared, so a reload reaches the running listener.
+    pub tls_server: Option<Arc<ServerTls>>,
+    /// TLS on the worker's lanes (how it verifies frontends, its own certificate).
+    pub tls_client: Option<Arc<ClientTls>>,
 }
 
 impl Default for TcpConfig {
@@ -43,6 +50,8 @@ impl Default for TcpConfig {
             backlog: DEFAULT_BACKLOG,
             liveness: Some(DEFAULT_LIVENESS),
             session: SessionSettings::default(),
+            tls_server: None,
+            tls_client: None,
         }
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use velo_session::RawLane;
 
 use crate::lane::tcp_lane;
-use crate::{TcpConfig, socket};
+use crate::{TcpConfig, socket, tls};
 
 /// Connects one lane to `addr` as `cfg` says.
 pub(crate) async fn dial(cfg: TcpConfig, addr: SocketAddr) -> io::Result<Box<dyn RawLane>> {
@@ -20,5 +20,8 @@ pub(crate) async fn dial(cfg: TcpConfig, addr: SocketAddr) -> io::Result<Box<dyn
                 format!("no TCP connection within {:?}", cfg.connect_timeout),
             )
         })??;
-    Ok(Box::new(tcp_lane(stream)))
+    match &cfg.tls_client {
+        None => Ok(Box::new(tcp_lane(stream))),
+        Some(tls) => Ok(Box::new(tls::connect(stream, addr, tls).await?)),
+    }
 }

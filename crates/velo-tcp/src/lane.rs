@@ -10,5 +10,6 @@ pub(crate) type TcpLane = StreamLane<TcpStream, OwnedReadHalf, OwnedWriteHalf>;
 
 /// `stream` as a lane, before its handshake.
 pub(crate) fn tcp_lane(stream: TcpStream) -> TcpLane {
-    StreamLane::new(stream, TcpStream::into_split)
+    let peer = stream.peer_addr().ok();
+    StreamLane::new(stream, TcpStream::into_split).with_peer(peer)
 }

@@ -40,6 +40,7 @@ mod dialer;
 mod lane;
 mod listener;
 mod socket;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,10 +76,15 @@ pub async fn bind_frontend(
     let listener = listener::TcpLaneListener {
         listener,
         liveness: cfg.liveness,
+        tls: cfg.tls_server.clone(),
     };
+    let mut session = cfg.session.clone();
+    if let Some(tls) = &cfg.tls_server {
+        session.establish_timeout = tls.handshake_timeout();
+    }
     Ok(ListeningFrontend::new(
         frontend,
-        &cfg.session,
+        &session,
         listener,
         local_addr,
         (),

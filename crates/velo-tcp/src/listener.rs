@@ -1,6 +1,7 @@
 //! The frontend's TCP listener, as velo-session's accept loop takes lanes from it.
 
 use std::io;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -9,11 +10,14 @@ use velo_session::{LaneListener, RawLane};
 
 use crate::lane::tcp_lane;
 use crate::socket;
+use crate::tls::TlsLane;
 
 /// Yields accepted TCP connections with their per-connection options set.
 pub(crate) struct TcpLaneListener {
     pub(crate) listener: TcpListener,
     pub(crate) liveness: Option<Duration>,
+    /// TLS on every accepted connection, when set (its handshake runs in the lane's task).
+    pub(crate) tls: Option<Arc<velo_tls::ServerTls>>,
 }
 
 impl LaneListener for TcpLaneListener {
@@ -28,6 +32,10 @@ impl LaneListener for TcpLaneListener {
         if let Err(e) = socket::set_liveness(socket2::SockRef::from(&stream), self.liveness) {
             tracing::debug!(%peer, error = %e, "setting the liveness bound failed");
         }
-        Poll::Ready(Some(Ok(Box::new(tcp_lane(stream)))))
+        let lane: Box<dyn RawLane> = match &self.tls {
+            Some(tls) => Box::new(TlsLane::accepting(stream, tls.acceptor())),
+            None => Box::new(tcp_lane(stream)),
+        };
+        Poll::Ready(Some(Ok(lane)))
     }
 }

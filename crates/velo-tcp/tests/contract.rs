@@ -2,6 +2,7 @@
 
 mod common;
 
-use common::Tcp;
+use common::{Tcp, TcpTls};
 
 velo_session::transport_contract!(tcp => Tcp);
+velo_session::transport_contract!(tcp_tls => TcpTls);

@@ -27,6 +27,12 @@ impl CloseCode {
     pub const LIMIT: Self = Self(7);
     /// The peer said nothing for longer than the idle timeout.
     pub const IDLE_TIMEOUT: Self = Self(8);
+    /// The peer did not prove the cluster secret (none offered, a wrong proof, or a secret
+    /// on one side only).
+    pub const UNAUTHENTICATED: Self = Self(9);
+    /// The peer opened streams that were refused, or opened and reset them, faster than
+    /// this side allows (the "rapid reset" pattern).
+    pub const CHURN_LIMIT: Self = Self(10);
 
     /// A short lower-case name for logs and metrics labels.
     pub const fn name(self) -> &'static str {
@@ -40,6 +46,8 @@ impl CloseCode {
             6 => "shutting_down",
             7 => "limit",
             8 => "idle_timeout",
+            9 => "unauthenticated",
+            10 => "churn_limit",
             _ => "unknown",
         }
     }

@@ -2,7 +2,7 @@
 
 use bytes::{Buf, BufMut, BytesMut};
 
-use crate::{Batch, Close, Hello, WireError, hello::HELLO_BODY_LEN};
+use crate::{Auth, Batch, Close, Hello, WireError, hello::HELLO_BODY_LEN};
 
 /// Length of every frame header: a kind byte and a `u32` little-endian body length.
 pub const FRAME_HEADER_LEN: usize = 5;
@@ -16,6 +16,8 @@ pub enum FrameKind {
     Batch,
     /// [`Close`], the lane's last words.
     Close,
+    /// [`Auth`], a proof of the cluster secret during the handshake.
+    Auth,
 }
 
 impl FrameKind {
@@ -25,6 +27,7 @@ impl FrameKind {
             Self::Hello => 0x01,
             Self::Batch => 0x02,
             Self::Close => 0x03,
+            Self::Auth => 0x04,
         }
     }
 
@@ -33,6 +36,7 @@ impl FrameKind {
             0x01 => Ok(Self::Hello),
             0x02 => Ok(Self::Batch),
             0x03 => Ok(Self::Close),
+            0x04 => Ok(Self::Auth),
             kind => Err(WireError::UnknownFrame { kind }),
         }
     }
@@ -54,6 +58,8 @@ pub enum Frame {
     Batch(Batch),
     /// The lane's last words.
     Close(Close),
+    /// A proof of the cluster secret (handshake only).
+    Auth(Auth),
 }
 
 impl Frame {
@@ -78,6 +84,10 @@ impl Frame {
                 dst.put_slice(&frame_header(FrameKind::Close, body_len));
                 c.encode_body(dst);
             }
+            Self::Auth(a) => {
+                dst.put_slice(&frame_header(FrameKind::Auth, body_len));
+                a.encode_body(dst);
+            }
         }
     }
 
@@ -85,9 +95,10 @@ impl Frame {
     pub fn encoded_len(&self) -> usize {
         FRAME_HEADER_LEN
             + match self {
-                Self::Hello(_) => HELLO_BODY_LEN as usize,
+                Self::Hello(h) => h.body_len(),
                 Self::Batch(b) => b.body().len(),
                 Self::Close(c) => c.body_len(),
+                Self::Auth(_) => crate::auth::AUTH_MAC_LEN,
             }
     }
 }
@@ -149,6 +160,7 @@ impl FrameDecoder {
             FrameKind::Batch => Frame::Batch(Batch::new(body.freeze())?),
             FrameKind::Hello => Frame::Hello(Hello::decode_body(&body)?),
             FrameKind::Close => Frame::Close(Close::decode_body(&body)?),
+            FrameKind::Auth => Frame::Auth(Auth::decode_body(&body)?),
         };
         Ok(Some(frame))
     }

@@ -35,6 +35,7 @@
 //! # Ok::<(), velo_wire::WireError>(())
 //! ```
 
+mod auth;
 mod batch;
 mod close;
 mod codes;
@@ -49,12 +50,13 @@ mod varint;
 #[doc(hidden)]
 pub mod fuzzing;
 
+pub use auth::{AUTH_MAC_LEN, Auth};
 pub use batch::{Batch, Records};
 pub use close::{Close, MAX_CLOSE_REASON_LEN};
 pub use codes::{CancelCode, CloseCode, ErrorCode, GoAwayCode};
 pub use error::WireError;
 pub use frame::{FRAME_HEADER_LEN, Frame, FrameDecoder, FrameKind, frame_header};
-pub use hello::{HELLO_BODY_LEN, Hello, MAX_LANES};
+pub use hello::{AUTH_NONCE_LEN, CAP_AUTH, CAP_WORKER_INSTANCE, HELLO_BODY_LEN, Hello, MAX_LANES};
 pub use ids::{InstanceId, Role, StreamId, Token};
 pub use record::{
     DataKind, MAX_DATA_HEADER_LEN, Record, data_header_len, encode_data_header, encode_open,

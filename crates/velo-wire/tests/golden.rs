@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 use velo_wire::{
-    Batch, CancelCode, Close, CloseCode, DEFAULT_MAX_FRAME_LEN, ErrorCode, Frame, FrameDecoder,
-    GoAwayCode, Hello, InstanceId, Record, Role, StreamId, Token,
+    Auth, Batch, CancelCode, Close, CloseCode, DEFAULT_MAX_FRAME_LEN, ErrorCode, Frame,
+    FrameDecoder, GoAwayCode, Hello, InstanceId, Record, Role, StreamId, Token,
 };
 
 /// Every `hex` block of the spec, by the name on its `# vector:` line.
@@ -45,25 +45,34 @@ fn spec_vectors() -> BTreeMap<String, Vec<u8>> {
     vectors
 }
 
+/// The worker HELLO of vector `hello-worker`; the auth vectors vary it.
+fn hello_worker() -> Hello {
+    Hello {
+        role: Role::Worker,
+        lane_index: 1,
+        lane_count: 4,
+        instance_id: InstanceId::from_u128(0x0123456789abcdef0011223344556677),
+        peer_instance_id: InstanceId::from_u128(0xfedcba98765432108899aabbccddeeff),
+        max_frame_len: 32 * 1024 * 1024,
+        initial_window: 32,
+        idle_timeout_ms: 10_000,
+        capabilities: 0,
+        auth_nonce: None,
+        worker_instance: None,
+    }
+}
+
+/// 64 hex digits as 32 bytes.
+fn hex32(hex: &str) -> [u8; 32] {
+    core::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+}
+
 /// The frame each vector must decode to.
 fn expected_frames() -> BTreeMap<&'static str, Frame> {
     let token = Token(core::array::from_fn(|i| u8::try_from(i).unwrap()));
     let s01 = StreamId::new(0, 1);
     BTreeMap::from([
-        (
-            "hello-worker",
-            Frame::Hello(Hello {
-                role: Role::Worker,
-                lane_index: 1,
-                lane_count: 4,
-                instance_id: InstanceId::from_u128(0x0123456789abcdef0011223344556677),
-                peer_instance_id: InstanceId::from_u128(0xfedcba98765432108899aabbccddeeff),
-                max_frame_len: 32 * 1024 * 1024,
-                initial_window: 32,
-                idle_timeout_ms: 10_000,
-                capabilities: 0,
-            }),
-        ),
+        ("hello-worker", Frame::Hello(hello_worker())),
         (
             "batch-open-data-final",
             Frame::Batch(Batch::from_records(&[
@@ -126,6 +135,38 @@ fn expected_frames() -> BTreeMap<&'static str, Frame> {
                 CloseCode::UNSUPPORTED_VERSION,
                 "unsupported protocol version 2: this side speaks version 3",
             )),
+        ),
+        (
+            "hello-worker-auth",
+            Frame::Hello(Hello {
+                lane_index: 0,
+                auth_nonce: Some(core::array::from_fn(|i| u8::try_from(i).unwrap())),
+                worker_instance: Some(0x1122_3344_5566_7788),
+                ..hello_worker()
+            }),
+        ),
+        (
+            "hello-frontend-auth",
+            Frame::Hello(Hello {
+                role: Role::Frontend,
+                lane_index: 0,
+                instance_id: InstanceId::from_u128(0xfedc_ba98_7654_3210_8899_aabb_ccdd_eeff),
+                peer_instance_id: InstanceId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
+                auth_nonce: Some(core::array::from_fn(|i| 0x20 + u8::try_from(i).unwrap())),
+                ..hello_worker()
+            }),
+        ),
+        (
+            "auth-frontend",
+            Frame::Auth(Auth {
+                mac: hex32("34e94231ba91c4420d0083b8e996afa8bfa7482773757f3f3517490ed0fe92ca"),
+            }),
+        ),
+        (
+            "auth-worker",
+            Frame::Auth(Auth {
+                mac: hex32("71c7930f3ac36f35240f3577279c6cba2886ca5b2187bf3253370fe64fe70991"),
+            }),
         ),
     ])
 }

@@ -4,8 +4,8 @@
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use velo_wire::{
-    Batch, CancelCode, Close, CloseCode, ErrorCode, Frame, FrameDecoder, GoAwayCode, Hello,
-    InstanceId, Record, Role, StreamId, Token,
+    Auth, Batch, CAP_AUTH, CAP_WORKER_INSTANCE, CancelCode, Close, CloseCode, ErrorCode, Frame,
+    FrameDecoder, GoAwayCode, Hello, InstanceId, Record, Role, StreamId, Token,
 };
 
 const MAX: u32 = 1 << 20;
@@ -55,9 +55,11 @@ fn hello() -> impl Strategy<Value = Hello> {
         1u32..,
         any::<u32>(),
         any::<bool>(),
+        proptest::option::of(any::<[u8; 32]>().prop_filter("nonzero", |n| n != &[0; 32])),
+        proptest::option::of(any::<u64>()),
     )
         .prop_map(
-            |(count, idx, me, peer, max, window, idle, caps, worker)| Hello {
+            |(count, idx, me, peer, max, window, idle, caps, worker, nonce, instance)| Hello {
                 role: if worker { Role::Worker } else { Role::Frontend },
                 lane_index: idx % count,
                 lane_count: count,
@@ -66,7 +68,9 @@ fn hello() -> impl Strategy<Value = Hello> {
                 max_frame_len: max,
                 initial_window: window,
                 idle_timeout_ms: idle,
-                capabilities: caps,
+                capabilities: caps & !(CAP_AUTH | CAP_WORKER_INSTANCE),
+                auth_nonce: nonce,
+                worker_instance: instance,
             },
         )
 }
@@ -76,6 +80,7 @@ fn frame() -> impl Strategy<Value = Frame> {
         1 => hello().prop_map(Frame::Hello),
         4 => proptest::collection::vec(record(), 1..20).prop_map(|r| Frame::Batch(Batch::from_records(&r))),
         1 => (any::<u16>(), ".{0,100}").prop_map(|(c, r)| Frame::Close(Close::new(CloseCode(c), r))),
+        1 => any::<[u8; 32]>().prop_map(|mac| Frame::Auth(Auth { mac })),
     ]
 }
 

@@ -54,7 +54,9 @@ fn run(role: Role) -> Result<(), String> {
 /// request channel, no runtime).
 fn drt_mode(arm: &str) -> Result<Option<ResponsePlaneMode>, String> {
     match arm {
-        "dynamo-tcp" => Ok(None),
+        // TLS is Dynamo's own, switched on by the DYN_TCP_TLS_* variables the orchestrator
+        // sets for this arm.
+        "dynamo-tcp" | "dynamo-tcp-tls" => Ok(None),
         "dynamo-tcp-drt" => Ok(Some(ResponsePlaneMode::Tcp)),
         "dynamo-quic" => Ok(Some(ResponsePlaneMode::Quic)),
         other => Err(format!("{other:?} is not a Dynamo arm")),

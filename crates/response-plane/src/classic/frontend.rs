@@ -12,11 +12,11 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::conn::{Conn, ConnRead, ConnWrite};
 use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, KILL, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
@@ -36,6 +36,10 @@ const MAX_HANDSHAKE: u32 = 1024;
 struct Handshake {
     stream: u64,
     token: String,
+    /// The worker's discovery instance (absent from Dynamo's own workers): a registration
+    /// tied to an instance is only claimed by a connection naming it.
+    #[serde(default)]
+    worker: Option<u64>,
 }
 
 /// The classic listener.
@@ -46,14 +50,24 @@ pub(crate) struct ClassicFrontend {
     pub(crate) refused: Arc<AtomicU64>,
 }
 
+/// What every connection's handshake task needs.
+#[derive(Clone)]
+pub(crate) struct Accept {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) max: u32,
+    pub(crate) liveness: Duration,
+    /// TLS on every connection, when set (the handshake runs in the connection's task).
+    pub(crate) tls: Option<Arc<velo_tls::ServerTls>>,
+    /// Arrivals refused because they came from another worker than their registration's.
+    pub(crate) wrong_worker: Arc<AtomicU64>,
+}
+
 impl ClassicFrontend {
     /// Listens on `addr`; every accepted connection gives up on a vanished worker within
     /// `liveness` (the plane's `idle_timeout`).
     pub(crate) async fn bind(
         addr: SocketAddr,
-        registry: Arc<Registry>,
-        max: u32,
-        liveness: Duration,
+        accept: Accept,
         tracker: TaskTracker,
     ) -> std::io::Result<Self> {
         let socket = if addr.is_ipv4() {
@@ -81,10 +95,10 @@ impl ClassicFrontend {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
-                let (registry, refused, s2) = (registry.clone(), r.clone(), s.clone());
+                let (accept, refused, s2) = (accept.clone(), r.clone(), s.clone());
                 t.spawn(async move {
                     tokio::select! {
-                        () = handshake(stream, registry, max, liveness, refused) => {}
+                        () = handshake(stream, accept, refused) => {}
                         () = s2.cancelled() => {}
                     }
                 });
@@ -106,13 +120,8 @@ impl ClassicFrontend {
     }
 }
 
-async fn handshake(
-    mut stream: TcpStream,
-    registry: Arc<Registry>,
-    max: u32,
-    liveness: Duration,
-    refused: Arc<AtomicU64>,
-) {
+async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
+    let (max, liveness) = (accept.max, accept.liveness);
     let _ = stream.set_nodelay(true);
     if let Err(e) = set_liveness(&stream, liveness) {
         // Without it a vanished worker would hold this stream for ever: refuse it.
@@ -120,6 +129,10 @@ async fn handshake(
         refused.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    let Some(mut stream) = secure(stream, accept.tls.as_deref()).await else {
+        refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
     let mut buf = BytesMut::with_capacity(256);
     let wait = liveness.max(MIN_HANDSHAKE_WAIT);
     let read = tokio::time::timeout(
@@ -137,14 +150,14 @@ async fn handshake(
     };
     let Some(token) = crate::info::parse_token(&h.token) else {
         refused.fetch_add(1, Ordering::Relaxed);
-        let _ = stream.write_all(&frame::header(KILL, 0)).await;
+        send(&mut stream, KILL).await;
         return;
     };
-    match registry.claim(h.stream, &token) {
+    match accept.registry.claim(h.stream, &token, h.worker) {
         Ok(tx) if !tx.is_closed() => {
             // Taken: the worker may count its end delivered from now on, since the pending
             // handle reports whatever happens to the connection.
-            if stream.write_all(&frame::header(ACCEPTED, 0)).await.is_err() {
+            if !send(&mut stream, ACCEPTED).await {
                 return;
             }
             let incoming = Incoming {
@@ -158,16 +171,51 @@ async fn handshake(
             let _ = tx.send(Arrival::Classic(incoming));
         }
         // The pending handle is already gone, or the ticket is not one we hold.
-        Ok(_) | Err(_) => {
+        Ok(_) => {
             refused.fetch_add(1, Ordering::Relaxed);
-            let _ = stream.write_all(&frame::header(KILL, 0)).await;
+            send(&mut stream, KILL).await;
+        }
+        Err(refusal) => {
+            refused.fetch_add(1, Ordering::Relaxed);
+            if refusal == crate::registry::Refusal::WrongWorker {
+                accept.wrong_worker.fetch_add(1, Ordering::Relaxed);
+            }
+            send(&mut stream, KILL).await;
         }
     }
 }
 
+/// The connection after its TLS handshake (under the TLS handshake timeout), or as it is
+/// without TLS; `None` when the handshake failed (a plaintext worker on a TLS listener, a
+/// certificate refused, a timeout).
+async fn secure(stream: TcpStream, tls: Option<&velo_tls::ServerTls>) -> Option<Conn> {
+    let Some(tls) = tls else {
+        return Some(Conn::Plain(stream));
+    };
+    let timeout = tls.handshake_timeout();
+    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+        Ok(Ok(s)) => Some(Conn::Tls(Box::new(
+            velo_tls::tokio_rustls::TlsStream::Server(s),
+        ))),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "classic TLS handshake failed (a plaintext worker?)");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(?timeout, "classic TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// Sends a control message of `kind` (ACCEPTED, KILL) and flushes it; whether it went out.
+async fn send(stream: &mut Conn, kind: u8) -> bool {
+    stream.write_all(&frame::header(kind, 0)).await.is_ok() && stream.flush().await.is_ok()
+}
+
 /// The next message other than a heartbeat; a peer silent for `idle` is lost.
 async fn read_message(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     buf: &mut BytesMut,
     max: u32,
     idle: Duration,
@@ -192,7 +240,7 @@ async fn read_message(
 
 /// A classic connection matched to its registration, before its prologue.
 pub(crate) struct Incoming {
-    stream: TcpStream,
+    stream: Conn,
     buf: BytesMut,
     max: u32,
     /// The liveness bound: a worker silent this long (no item, no heartbeat) is lost.
@@ -210,7 +258,10 @@ impl Incoming {
             ));
         }
         prologue::decode(&body)?;
-        let (read, write) = self.stream.into_split();
+        let (read, write) = self
+            .stream
+            .into_split()
+            .map_err(|e| ResponseError::lost(Cause::io(e)))?;
         Ok(ClassicReader {
             read,
             write: Some(write),
@@ -226,10 +277,10 @@ impl Incoming {
 
 /// Reads one classic stream's items from its socket.
 pub(crate) struct ClassicReader {
-    read: OwnedReadHalf,
+    read: ConnRead,
     /// Dropped (a FIN to the worker) once the stream ended cleanly: the worker's control
     /// watcher ends then, not when the application drops this stream.
-    write: Option<OwnedWriteHalf>,
+    write: Option<ConnWrite>,
     buf: BytesMut,
     max: u32,
     ended: bool,
@@ -317,7 +368,7 @@ impl ClassicReader {
     /// Asks the worker to stop (best effort: a 5-byte write into an idle socket).
     pub(crate) fn stop(&self) {
         if let Some(write) = &self.write {
-            let _ = write.try_write(&frame::header(STOP, 0));
+            write.try_send(&frame::header(STOP, 0));
         }
     }
 
@@ -326,7 +377,7 @@ impl ClassicReader {
         if !self.ended
             && let Some(write) = &self.write
         {
-            let _ = write.try_write(&frame::header(KILL, 0));
+            write.try_send(&frame::header(KILL, 0));
         }
         self.ended = true;
     }
@@ -341,9 +392,14 @@ mod tests {
         let registry = Arc::new(Registry::new());
         let bound = Duration::from_secs(9);
         let (tracker, addr) = (TaskTracker::new(), "127.0.0.1:0".parse().unwrap());
-        let f = ClassicFrontend::bind(addr, registry.clone(), 1 << 20, bound, tracker)
-            .await
-            .unwrap();
+        let accept = Accept {
+            registry: registry.clone(),
+            max: 1 << 20,
+            liveness: bound,
+            tls: None,
+            wrong_worker: Arc::default(),
+        };
+        let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();
         let mut worker = TcpStream::connect(f.local_addr).await.unwrap();
         let hello =
@@ -361,7 +417,10 @@ mod tests {
         let Arrival::Classic(incoming) = arrival else {
             panic!("expected the classic connection");
         };
-        crate::classic::socket::assert_liveness(&incoming.stream, bound);
+        let Conn::Plain(tcp) = &incoming.stream else {
+            panic!("a plaintext connection");
+        };
+        crate::classic::socket::assert_liveness(tcp, bound);
         f.shutdown().await;
     }
 }

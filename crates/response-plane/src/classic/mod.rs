@@ -7,10 +7,11 @@
 //! peer within the plane's liveness bound (`socket.rs`), and the worker's watcher tasks end
 //! when the plane closes or a while after their stream did.
 
+mod conn;
 pub(crate) mod frame;
 mod frontend;
 mod socket;
 mod worker;
 
-pub(crate) use frontend::{ClassicFrontend, ClassicReader, Incoming};
+pub(crate) use frontend::{Accept, ClassicFrontend, ClassicReader, Incoming};
 pub(crate) use worker::{ClassicControl, ClassicDialer, ClassicWriter};

@@ -7,12 +7,12 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::conn::{Conn, ConnRead, ConnWrite};
 use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, PROLOGUE, SENTINEL, STOP};
 use super::socket::set_liveness;
 use crate::info::{StreamAddress, hex_token};
@@ -124,6 +124,10 @@ pub(crate) struct ClassicDialer {
     /// The liveness bound of each connection (the plane's `idle_timeout`), also how long a
     /// finished stream's watcher waits for the frontend to close.
     liveness: Duration,
+    /// This worker's discovery instance, named in every handshake.
+    worker_instance: Option<u64>,
+    /// TLS on every connection, when set.
+    tls: Option<Arc<velo_tls::ClientTls>>,
     /// Where the watcher tasks run.
     tracker: TaskTracker,
     /// Frontend cancellations of streams still running.
@@ -133,10 +137,18 @@ pub(crate) struct ClassicDialer {
 }
 
 impl ClassicDialer {
-    pub(crate) fn new(max: u32, liveness: Duration, tracker: TaskTracker) -> Self {
+    pub(crate) fn new(
+        max: u32,
+        liveness: Duration,
+        worker_instance: Option<u64>,
+        tls: Option<Arc<velo_tls::ClientTls>>,
+        tracker: TaskTracker,
+    ) -> Self {
         Self {
             max,
             liveness,
+            worker_instance,
+            tls,
             tracker,
             cancellations: Arc::new(AtomicU64::new(0)),
             stop: CancellationToken::new(),
@@ -168,7 +180,11 @@ impl ClassicDialer {
         let unreachable = |e| unreachable(Cause::io(e));
         stream.set_nodelay(true).map_err(unreachable)?;
         set_liveness(&stream, self.liveness).map_err(unreachable)?;
-        let (read, write) = stream.into_split();
+        let stream = match &self.tls {
+            None => Conn::Plain(stream),
+            Some(tls) => secure(stream, addr.addr, tls).await.map_err(unreachable)?,
+        };
+        let (read, write) = stream.into_split().map_err(unreachable)?;
         let control = Arc::new(ClassicControl::default());
         let write = Arc::new(Mutex::new(write));
         let epoch = Instant::now();
@@ -190,8 +206,11 @@ impl ClassicDialer {
             liveness: self.liveness,
             epoch,
         };
-        let handshake =
+        let mut handshake =
             serde_json::json!({ "stream": addr.ticket, "token": hex_token(&addr.token()?) });
+        if let Some(worker) = self.worker_instance {
+            handshake["worker"] = worker.into();
+        }
         w.send_message(HANDSHAKE, handshake.to_string().as_bytes())
             .await?;
         Ok(w)
@@ -202,7 +221,7 @@ impl ClassicDialer {
 pub(crate) struct ClassicWriter {
     /// Shared with the watcher, which writes heartbeats while this side is quiet (it holds
     /// only a weak reference: dropping the writer closes the connection's sending side).
-    write: Arc<Mutex<OwnedWriteHalf>>,
+    write: Arc<Mutex<ConnWrite>>,
     control: Arc<ClassicControl>,
     out: Vec<u8>,
     max: u32,
@@ -264,7 +283,14 @@ impl ClassicWriter {
         self.out
             .extend_from_slice(&frame::header(kind, payload.len()));
         self.out.extend_from_slice(payload);
-        let written = self.write.lock().await.write_all(&self.out).await;
+        // A TLS half may hold the record until flushed (a plaintext flush does nothing).
+        let written = {
+            let mut w = self.write.lock().await;
+            match w.write_all(&self.out).await {
+                Ok(()) => w.flush().await,
+                Err(e) => Err(e),
+            }
+        };
         self.control.wrote(self.epoch);
         match written {
             Ok(()) => Ok(()),
@@ -281,6 +307,29 @@ impl Drop for ClassicWriter {
     }
 }
 
+/// `stream` after its TLS handshake with the frontend at `addr` (under the TLS handshake
+/// timeout).
+async fn secure(
+    stream: TcpStream,
+    addr: std::net::SocketAddr,
+    tls: &velo_tls::ClientTls,
+) -> std::io::Result<Conn> {
+    let connect = tls.connector().connect(tls.server_name(addr.ip()), stream);
+    let timeout = tls.handshake_timeout();
+    let s = tokio::time::timeout(timeout, connect)
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no TLS handshake within {timeout:?}"),
+            )
+        })?
+        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))?;
+    Ok(Conn::Tls(Box::new(
+        velo_tls::tokio_rustls::TlsStream::Client(s),
+    )))
+}
+
 /// One stream's watcher: the frontend's control messages, for the engine; and the worker's
 /// heartbeats while its writer is quiet.
 struct Watch {
@@ -291,7 +340,7 @@ struct Watch {
     /// How long the frontend has to close once the writer is gone; a third of it is the
     /// heartbeat interval.
     linger: Duration,
-    write: Weak<Mutex<OwnedWriteHalf>>,
+    write: Weak<Mutex<ConnWrite>>,
     epoch: Instant,
     /// The stream's address: its loss is announced there again if the connection ends
     /// before the frontend took the stream.
@@ -310,7 +359,7 @@ impl Watch {
     /// Watches until the frontend kills or closes the stream, the plane stops, or the writer
     /// has been gone for `linger` (a wedged frontend that never closes must not keep this
     /// task). Every way out leaves the control killed.
-    async fn run(self, mut read: OwnedReadHalf) {
+    async fn run(self, mut read: ConnRead) {
         let gone = async {
             self.control.writer_gone.cancelled().await;
             tokio::time::sleep(self.linger).await;
@@ -327,7 +376,7 @@ impl Watch {
             () = self.stop.cancelled() => {
                 self.control.end();
                 // The writer half may live on in a wedged engine: close the connection now.
-                let _ = socket2::SockRef::from(read.as_ref()).shutdown(std::net::Shutdown::Both);
+                read.shutdown();
                 false
             }
             () = gone => {
@@ -377,7 +426,7 @@ impl ClassicControl {
 /// gone or has finished; never returns (the watch's other branches end it).
 async fn heartbeats(
     control: &ClassicControl,
-    write: &Weak<Mutex<OwnedWriteHalf>>,
+    write: &Weak<Mutex<ConnWrite>>,
     epoch: Instant,
     every: Duration,
 ) {
@@ -395,7 +444,8 @@ async fn heartbeats(
         let mut w = write.lock().await;
         // A write in progress when the lock was taken moved `last`: heartbeat only if not.
         if control.last_write_ms.load(Ordering::Relaxed) == last_ms
-            && w.write_all(&frame::header(HEARTBEAT, 0)).await.is_err()
+            && (w.write_all(&frame::header(HEARTBEAT, 0)).await.is_err()
+                || w.flush().await.is_err())
         {
             break;
         }
@@ -408,7 +458,7 @@ async fn heartbeats(
 /// Reads the frontend's control messages (stop, kill) until the connection ends; the end
 /// of the connection counts as a kill (the frontend dropped the stream).
 async fn read_control(
-    read: &mut OwnedReadHalf,
+    read: &mut ConnRead,
     control: &ClassicControl,
     cancellations: &AtomicU64,
 ) -> Ending {
@@ -457,11 +507,11 @@ mod tests {
     async fn worker_sockets_give_up_on_a_vanished_frontend_within_the_liveness_bound() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let bound = Duration::from_secs(9);
-        let dialer = ClassicDialer::new(1 << 20, bound, TaskTracker::new());
+        let dialer = ClassicDialer::new(1 << 20, bound, None, None, TaskTracker::new());
         let to = address(listener.local_addr().unwrap());
         let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
         let (w, _frontend) = (w.unwrap(), accepted.unwrap());
-        crate::classic::socket::assert_liveness(w.write.lock().await.as_ref(), bound);
+        crate::classic::socket::assert_liveness(w.write.lock().await.tcp().unwrap(), bound);
         dialer.stop();
     }
 }

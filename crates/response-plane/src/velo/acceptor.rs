@@ -11,11 +11,16 @@ use crate::registry::{Arrival, Refusal, Registry};
 pub(crate) struct RegistryAcceptor {
     pub(crate) registry: Arc<Registry>,
     pub(crate) refused: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) wrong_worker: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Acceptor for RegistryAcceptor {
     fn accept(&self, incoming: IncomingStream) {
-        match self.registry.claim(incoming.ticket(), &incoming.token().0) {
+        let from = incoming.worker_instance();
+        match self
+            .registry
+            .claim(incoming.ticket(), &incoming.token().0, from)
+        {
             Ok(tx) => {
                 // The registration takes it: the worker learns the stream arrived, so its
                 // finish can count it delivered (the pending handle reports its end now).
@@ -28,7 +33,16 @@ impl Acceptor for RegistryAcceptor {
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-            Err(Refusal::Unknown | Refusal::BadToken) => {
+            Err(refusal) => {
+                if refusal == Refusal::WrongWorker {
+                    tracing::debug!(
+                        ticket = incoming.ticket(),
+                        ?from,
+                        "stream refused: tied to another worker"
+                    );
+                    self.wrong_worker
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 // Dropped, timed out, cancelled, or not ours: the worker is told to stop.
                 incoming.refuse(CancelCode::REFUSED);
                 self.refused

@@ -11,6 +11,7 @@ use velo_session::{
     WorkerEndpoint,
 };
 
+use crate::security::Security;
 use crate::{ResponsePlaneConfig, StartError, VeloTransport};
 
 /// A listening velo frontend, whatever carries its lanes.
@@ -51,12 +52,13 @@ pub(crate) async fn bind_frontend(
     addr: SocketAddr,
     acceptor: Arc<dyn Acceptor>,
     tracker: TaskTracker,
+    security: &Security,
 ) -> Result<Box<dyn FrontendTransport>, StartError> {
     let parts = FrontendParts::new(config.mux(velo_mux::Side::Frontend), acceptor, tracker);
     match config.transport() {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => {
-            let f = velo_tcp::bind_frontend(addr, tcp_config(config), parts)
+            let f = velo_tcp::bind_frontend(addr, tcp_config(config, security), parts)
                 .await
                 .map_err(|e| StartError::Bind {
                     addr,
@@ -66,7 +68,7 @@ pub(crate) async fn bind_frontend(
         }
         #[cfg(feature = "ucx")]
         VeloTransport::Ucx => {
-            let f = velo_ucx::bind_frontend(addr, ucx_config(config), parts)
+            let f = velo_ucx::bind_frontend(addr, ucx_config(config, security), parts)
                 .await
                 .map_err(StartError::Ucx)?;
             Ok(Box::new(f))
@@ -87,18 +89,19 @@ pub(crate) fn start_worker(
     config: &ResponsePlaneConfig,
     transport: VeloTransport,
     tracker: TaskTracker,
+    security: &Security,
 ) -> Result<Arc<dyn WorkerTransport>, StartError> {
     let mux = config.mux(velo_mux::Side::Worker);
     match transport {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => Ok(Arc::new(velo_tcp::TcpWorker::new(
             mux,
-            tcp_config(config),
+            tcp_config(config, security),
             tracker,
         ))),
         #[cfg(feature = "ucx")]
         VeloTransport::Ucx => {
-            let w = velo_ucx::UcxWorker::new(mux, ucx_config(config), tracker)
+            let w = velo_ucx::UcxWorker::new(mux, ucx_config(config, security), tracker)
                 .map_err(StartError::Ucx)?;
             Ok(Arc::new(w))
         }
@@ -118,23 +121,44 @@ fn not_compiled(transport: VeloTransport) -> StartError {
 }
 
 /// The TCP settings of the plane: the transport's defaults, with the lanes' sockets giving
-/// up on a vanished peer within the configured idle timeout.
+/// up on a vanished peer within the configured idle timeout, and the plane's TLS, secret and
+/// worker instance.
 #[cfg(feature = "tcp")]
-fn tcp_config(c: &ResponsePlaneConfig) -> velo_tcp::TcpConfig {
+fn tcp_config(c: &ResponsePlaneConfig, security: &Security) -> velo_tcp::TcpConfig {
+    let defaults = velo_tcp::TcpConfig::default();
     velo_tcp::TcpConfig {
         liveness: Some(c.idle_timeout()),
-        ..velo_tcp::TcpConfig::default()
+        tls_server: security.server.clone(),
+        tls_client: security.client.clone(),
+        session: session(defaults.session.clone(), c, security),
+        ..defaults
     }
 }
 
 /// The UCX settings of the plane: UCX's defaults, with the transports and devices the
 /// configuration names.
 #[cfg(feature = "ucx")]
-fn ucx_config(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfig {
+fn ucx_config(c: &ResponsePlaneConfig, security: &Security) -> velo_ucx::UcxConfig {
+    let defaults = velo_ucx::UcxConfig::default();
     velo_ucx::UcxConfig {
         tls: c.ucx_tls().map(str::to_owned),
         net_devices: c.ucx_net_devices().map(str::to_owned),
-        ..velo_ucx::UcxConfig::default()
+        session: session(defaults.session.clone(), c, security),
+        ..defaults
+    }
+}
+
+/// A transport's session settings with the plane's cluster secret and worker instance.
+#[cfg(any(feature = "tcp", feature = "ucx"))]
+fn session(
+    defaults: velo_session::SessionSettings,
+    c: &ResponsePlaneConfig,
+    security: &Security,
+) -> velo_session::SessionSettings {
+    velo_session::SessionSettings {
+        secret: security.secret.clone(),
+        worker_instance: c.worker_instance(),
+        ..defaults
     }
 }
 

@@ -17,6 +17,7 @@ pub use sender::ResponseSender;
 use crate::classic::ClassicDialer;
 use crate::info::{self, StreamAddress};
 use crate::observe::{InFlight, PlaneObserver, Streams};
+use crate::security::Security;
 use crate::stats::PlaneStats;
 use crate::velo::{self, WorkerTransport};
 use crate::{
@@ -33,6 +34,9 @@ pub struct WorkerPlane {
 
 struct Inner {
     config: ResponsePlaneConfig,
+    security: Security,
+    /// The TLS file watch (stopped with the plane).
+    watch: crate::watch::Watch,
     tracker: TaskTracker,
     /// Created on first use, per velo transport: the configured one, or another one only to
     /// send a frontend on another plane its mismatch error.
@@ -63,14 +67,20 @@ impl WorkerPlane {
         tracker: TaskTracker,
         observer: Option<Arc<dyn PlaneObserver>>,
     ) -> Result<Self, StartError> {
+        let security = Security::worker(&config)?;
         let classic = ClassicDialer::new(
             config.max_message_size(),
             config.idle_timeout(),
+            config.worker_instance(),
+            security.client.clone(),
             tracker.clone(),
         );
+        let watch = crate::watch::spawn(&security, &tracker);
         let plane = Self {
             inner: Arc::new(Inner {
                 config,
+                security,
+                watch,
                 tracker,
                 velo: [OnceLock::new(), OnceLock::new()],
                 classic,
@@ -84,6 +94,18 @@ impl WorkerPlane {
             plane.velo_worker(plane.inner.config.transport())?;
         }
         Ok(plane)
+    }
+
+    /// Rereads the TLS files (the CA frontends are verified against, this worker's own
+    /// certificate): lanes already up keep their session, new ones use the new files. A
+    /// running plane also rereads them on its own when they change.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Tls`](crate::ConfigError::Tls) naming the variable whose file is bad;
+    /// the files in use stay.
+    pub fn reload_tls(&self) -> Result<(), crate::ConfigError> {
+        self.inner.security.reload()
     }
 
     /// The plane this worker is configured for.
@@ -203,7 +225,8 @@ impl WorkerPlane {
     ) -> Result<&Arc<dyn WorkerTransport>, StartError> {
         let slot = &self.inner.velo[transport as usize];
         let w = slot.get_or_init(|| {
-            velo::start_worker(&self.inner.config, transport, self.inner.tracker.clone())
+            let tracker = self.inner.tracker.clone();
+            velo::start_worker(&self.inner.config, transport, tracker, &self.inner.security)
         });
         w.as_ref().map_err(Clone::clone)
     }
@@ -245,6 +268,7 @@ impl WorkerPlane {
     /// Classic streams end at once: their engines see a kill, their connections close, and
     /// their watcher tasks end. New streams fail afterwards.
     pub fn close(&self) {
+        self.inner.watch.stop();
         self.inner.classic.stop();
         for w in self.velo_workers() {
             w.close();
@@ -254,6 +278,7 @@ impl WorkerPlane {
     /// Stops every connection at once, classic streams' included (as in
     /// [`close`](Self::close)), so every task on the tracker ends.
     pub fn abort(&self) {
+        self.inner.watch.stop();
         self.inner.classic.stop();
         for w in self.velo_workers() {
             w.abort();

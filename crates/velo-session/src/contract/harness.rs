@@ -40,7 +40,11 @@ impl FrontendSpec {
         };
         let session = SessionSettings {
             handshake_timeout: self.accept.handshake_timeout,
+            establish_timeout: self.accept.establish_timeout,
             max_connections: self.accept.max_connections,
+            max_handshakes: self.accept.max_handshakes,
+            max_handshakes_per_source: self.accept.max_handshakes_per_source,
+            secret: self.secret,
             ..SessionSettings::default()
         };
         (parts, session, self.addr)
@@ -134,6 +138,7 @@ pub async fn start_frontend<T: Transport>(
         tracker: tracker.clone(),
         instance: crate::new_instance_id(),
         addr: None,
+        secret: None,
     };
     adjust(&mut spec);
     let frontend = within("the frontend starting", net.frontend(spec)).await?;

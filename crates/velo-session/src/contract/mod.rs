@@ -23,6 +23,7 @@
 //! [`SLACK`] (a loaded machine runs late, never early); a lower bound is measured from before
 //! the frontend could have started its timer.
 
+mod auth;
 mod connections;
 mod delivery;
 mod handshake;
@@ -45,6 +46,13 @@ use crate::{
     WorkerSettings,
 };
 
+pub use auth::{
+    a_forged_proof_is_refused_before_any_stream_state,
+    a_secret_on_the_worker_only_is_refused_as_a_misconfiguration,
+    a_worker_proving_the_cluster_secret_is_served,
+    a_worker_without_the_right_secret_is_refused_on_both_sides,
+    silent_handshakes_past_their_budget_are_refused_and_workers_still_served,
+};
 pub use connections::{
     a_failed_preparation_fails_fast_during_its_backoff_then_retries,
     a_frontend_restarted_under_a_new_instance_id_is_prepared_again,
@@ -100,7 +108,8 @@ pub trait Transport: Clone + Default + Send + Sync + 'static {
     /// A listener for raw lanes (a frontend played by hand).
     type RawListener: RawListener<Lane = Self::Raw>;
 
-    /// Starts a frontend as `spec` says, accepting on `spec.tracker`.
+    /// Starts a frontend as `spec` says (its mux, accept bounds, secret), accepting on
+    /// `spec.tracker`.
     ///
     /// # Errors
     ///
@@ -111,7 +120,8 @@ pub trait Transport: Clone + Default + Send + Sync + 'static {
     ) -> impl Future<Output = io::Result<Self::Frontend>> + Send;
 
     /// A worker with `settings` (a transport applies at least the mux configuration, backoff,
-    /// read buffer and handshake timeout), running its tasks on `tracker`.
+    /// read buffer, handshake timeout, secret and worker instance), running its tasks on
+    /// `tracker`.
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> Self::Worker;
 
     /// Opens a raw lane to `addr`. Whatever the transport runs for it stays off the story's
@@ -197,6 +207,8 @@ pub struct FrontendSpec {
     pub instance: InstanceId,
     /// Where to listen: `None` for any free address, `Some` for that one (a restart).
     pub addr: Option<SocketAddr>,
+    /// The cluster secret workers must prove, if any.
+    pub secret: Option<crate::ClusterSecret>,
 }
 
 /// An address where nothing listens while this is held.
@@ -277,6 +289,11 @@ macro_rules! transport_contract {
             story!(a_finish_the_frontend_never_took_fails_when_the_frontend_dies);
             story!(a_finish_succeeds_once_taken_and_fails_when_refused);
             story!(a_stream_lost_before_the_frontend_took_it_is_announced_again);
+            story!(a_worker_proving_the_cluster_secret_is_served);
+            story!(a_worker_without_the_right_secret_is_refused_on_both_sides);
+            story!(a_secret_on_the_worker_only_is_refused_as_a_misconfiguration);
+            story!(a_forged_proof_is_refused_before_any_stream_state);
+            story!(silent_handshakes_past_their_budget_are_refused_and_workers_still_served);
         }
     };
 }

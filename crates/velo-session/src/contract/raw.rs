@@ -72,6 +72,8 @@ pub fn worker_hello(frontend: InstanceId) -> Hello {
         initial_window: 32,
         idle_timeout_ms: 10_000,
         capabilities: 0,
+        auth_nonce: None,
+        worker_instance: None,
     }
 }
 

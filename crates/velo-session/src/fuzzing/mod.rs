@@ -95,6 +95,7 @@ async fn run(connections: &[Connection]) -> Vec<Vec<u8>> {
     let settings = AcceptSettings {
         handshake_timeout: HANDSHAKE_TIMEOUT,
         max_connections: CONNECTION_LIMIT,
+        ..AcceptSettings::default()
     };
     let accepting = endpoint.accept(listener, settings);
     tokio::time::sleep(READ_TIME).await;
@@ -136,8 +137,8 @@ fn settings() -> FrontendSettings {
         .build()
         .expect("fuzz settings are in range");
     FrontendSettings {
-        mux,
         read_buffer: READ_BUFFER,
+        ..FrontendSettings::new(mux)
     }
 }
 
@@ -180,6 +181,7 @@ fn check_output(conn: &Connection, out: &[u8]) -> Option<Frame> {
         Frame::Close(_) => assert!(rest.is_empty(), "frames after a refusal"),
         Frame::Hello(answer) => check_session(conn, answer, rest),
         Frame::Batch(_) => panic!("a batch before the handshake"),
+        Frame::Auth(_) => panic!("a proof of a secret this frontend does not hold"),
     }
     Some(first.clone())
 }
@@ -220,6 +222,7 @@ fn check_session(conn: &Connection, answer: &Hello, rest: &[Frame]) {
             }
             Frame::Close(_) => assert_eq!(i + 1, rest.len(), "frames after a CLOSE"),
             Frame::Hello(_) => panic!("a second HELLO"),
+            Frame::Auth(_) => panic!("a proof of a secret this frontend does not hold"),
         }
     }
 }

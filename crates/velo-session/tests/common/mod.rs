@@ -506,10 +506,7 @@ pub fn frontend_with(
     mux: MuxConfig,
     acceptor: Arc<dyn Acceptor>,
 ) -> FrontendEndpoint {
-    let settings = FrontendSettings {
-        mux,
-        read_buffer: velo_session::DEFAULT_READ_BUFFER,
-    };
+    let settings = FrontendSettings::new(mux);
     FrontendEndpoint::new(
         settings,
         velo_session::new_instance_id(),

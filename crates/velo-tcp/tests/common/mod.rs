@@ -4,6 +4,14 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use velo_tls::testing::TestPki;
+use velo_tls::{ClientTls, ServerTls, Trust};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::task::TaskTracker;
@@ -94,4 +102,154 @@ pub fn established_connections(port: u16) -> usize {
         }
     }
     n
+}
+
+/// TCP with TLS on every lane (a throwaway PKI per story): the whole contract again, with
+/// raw peers speaking TLS too.
+#[derive(Clone)]
+pub struct TcpTls {
+    pub pki: Arc<TestPki>,
+}
+
+impl Default for TcpTls {
+    fn default() -> Self {
+        Self {
+            pki: Arc::new(TestPki::new()),
+        }
+    }
+}
+
+impl TcpTls {
+    pub fn server(&self) -> Arc<ServerTls> {
+        let p = &self.pki;
+        Arc::new(
+            ServerTls::new(
+                p.path("server.pem"),
+                p.path("server.key"),
+                None,
+                TLS_TIMEOUT,
+            )
+            .unwrap(),
+        )
+    }
+
+    pub fn client(&self) -> Arc<ClientTls> {
+        let ca = Trust::Ca(self.pki.path("ca.pem"));
+        Arc::new(ClientTls::new(ca, None, None, TLS_TIMEOUT).unwrap())
+    }
+}
+
+/// TLS handshake bound of the stories.
+pub const TLS_TIMEOUT: Duration = Duration::from_secs(3);
+
+type ClientStream = velo_tls::tokio_rustls::client::TlsStream<TcpStream>;
+type ServerStream = velo_tls::tokio_rustls::server::TlsStream<TcpStream>;
+
+impl Transport for TcpTls {
+    type Frontend = TcpFrontend;
+    type Worker = WorkerEndpoint;
+    type Raw = IoLane<RawTls>;
+    type RawListener = RawTlsListener;
+
+    async fn frontend(&self, spec: FrontendSpec) -> io::Result<TcpFrontend> {
+        let (parts, session, addr) = spec.into_parts();
+        let cfg = TcpConfig {
+            session,
+            tls_server: Some(self.server()),
+            ..TcpConfig::default()
+        };
+        velo_tcp::bind_frontend(addr.unwrap_or_else(loopback), cfg, parts).await
+    }
+
+    fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
+        let cfg = TcpConfig {
+            session: settings.session(),
+            tls_client: Some(self.client()),
+            ..TcpConfig::default()
+        };
+        TcpWorker::new(settings.mux, cfg, tracker.clone())
+            .endpoint()
+            .clone()
+    }
+
+    async fn dial_raw(&self, addr: SocketAddr) -> io::Result<IoLane<RawTls>> {
+        let tcp = TcpStream::connect(addr).await?;
+        let tls = self.client();
+        let s = tls
+            .connector()
+            .connect(tls.server_name(addr.ip()), tcp)
+            .await?;
+        Ok(IoLane(RawTls::Client(Box::new(s))))
+    }
+
+    async fn listen_raw(&self) -> io::Result<RawTlsListener> {
+        let l = TcpListener::bind(loopback()).await?;
+        Ok(RawTlsListener(l, self.server()))
+    }
+
+    fn unreachable(&self) -> Unreachable {
+        Unreachable::loopback_port()
+    }
+}
+
+/// A TLS stream a story speaks by hand, from either end.
+pub enum RawTls {
+    Client(Box<ClientStream>),
+    Server(Box<ServerStream>),
+}
+
+impl AsyncRead for RawTls {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Self::Server(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for RawTls {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Client(s) => Pin::new(s.as_mut()).poll_write(cx, b),
+            Self::Server(s) => Pin::new(s.as_mut()).poll_write(cx, b),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Client(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Self::Server(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Client(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Self::Server(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A TLS listener whose connections the story speaks by hand.
+pub struct RawTlsListener(TcpListener, Arc<ServerTls>);
+
+impl RawListener for RawTlsListener {
+    type Lane = IoLane<RawTls>;
+
+    fn addr(&self) -> SocketAddr {
+        self.0.local_addr().expect("a bound listener's address")
+    }
+
+    async fn accept(&mut self) -> Option<IoLane<RawTls>> {
+        loop {
+            let (tcp, _) = self.0.accept().await.ok()?;
+            if let Ok(s) = self.1.acceptor().accept(tcp).await {
+                return Some(IoLane(RawTls::Server(Box::new(s))));
+            }
+        }
+    }
 }

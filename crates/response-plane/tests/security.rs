@@ -1,0 +1,330 @@
+//! Security of both planes as users configure it: Dynamo's `DYN_TCP_TLS_*` variables (a
+//! half-set configuration stops startup naming the variable), the velo plane's cluster
+//! secret, streams bound to the worker they were sent to, a routable default bind, and a
+//! certificate reload reachable from a running plane.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use response_plane::{
+    ConfigError, ConnectionInfo, FrontendPlane, RegisterOptions, ResponsePlaneConfig, StartError,
+    WorkerPlane,
+};
+use tokio_util::task::TaskTracker;
+use velo_tls::testing::TestPki;
+
+/// A bound on every wait of these stories.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// A configuration from `vars` (plus a loopback host).
+fn config(vars: &[(&str, String)]) -> Result<ResponsePlaneConfig, ConfigError> {
+    let mut map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    map.entry("DYN_TCP_RESPONSE_STREAM_HOST".into())
+        .or_insert_with(|| "127.0.0.1".into());
+    ResponsePlaneConfig::from_lookup(move |v| map.get(v).cloned())
+}
+
+fn path(pki: &TestPki, name: &str) -> String {
+    pki.path(name).display().to_string()
+}
+
+/// Every TLS variable of a cluster with mutual TLS, as one env for frontends and workers.
+fn mtls_env(pki: &TestPki, plane: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("DYN_RESPONSE_PLANE", plane.to_owned()),
+        ("DYN_TCP_TLS_CERT_PATH", path(pki, "server.pem")),
+        ("DYN_TCP_TLS_KEY_PATH", path(pki, "server.key")),
+        ("DYN_TCP_TLS_CA_CERT_PATH", path(pki, "ca.pem")),
+        ("DYN_TCP_TLS_CLIENT_CERT_PATH", path(pki, "client.pem")),
+        ("DYN_TCP_TLS_CLIENT_KEY_PATH", path(pki, "client.key")),
+        ("DYN_TCP_TLS_CLIENT_CA_CERT_PATH", path(pki, "ca.pem")),
+    ]
+}
+
+fn err_text(vars: &[(&str, String)]) -> String {
+    config(vars).unwrap_err().to_string()
+}
+
+#[test]
+fn a_half_set_tls_configuration_is_a_startup_error_naming_what_is_missing() {
+    let pki = TestPki::new();
+    let cert = ("DYN_TCP_TLS_CERT_PATH", path(&pki, "server.pem"));
+    let key = ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key"));
+    let ca = ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, "ca.pem"));
+    let text = err_text(std::slice::from_ref(&cert));
+    assert!(
+        text.contains("DYN_TCP_TLS_CERT_PATH is set but DYN_TCP_TLS_KEY_PATH is not"),
+        "{text}"
+    );
+
+    let client_cert = ("DYN_TCP_TLS_CLIENT_CERT_PATH", path(&pki, "client.pem"));
+    let client_key = ("DYN_TCP_TLS_CLIENT_KEY_PATH", path(&pki, "client.key"));
+    let text = err_text(&[client_cert.clone(), client_key.clone()]);
+    assert!(
+        text.starts_with("DYN_TCP_TLS_CLIENT_CERT_PATH is set, but"),
+        "{text}"
+    );
+    assert!(text.contains("DYN_TCP_TLS_CA_CERT_PATH"), "{text}");
+
+    let insecure = ("DYN_TCP_TLS_INSECURE", "1".to_owned());
+    let text = err_text(&[ca.clone(), insecure]);
+    assert!(
+        text.starts_with("DYN_TCP_TLS_INSECURE is set with"),
+        "{text}"
+    );
+
+    let client_ca = ("DYN_TCP_TLS_CLIENT_CA_CERT_PATH", path(&pki, "ca.pem"));
+    let text = err_text(&[client_ca]);
+    assert!(
+        text.starts_with("DYN_TCP_TLS_CLIENT_CA_CERT_PATH is set, but"),
+        "{text}"
+    );
+
+    let bad = ("DYN_TCP_TLS_INSECURE", "yes".to_owned());
+    assert!(err_text(&[bad]).contains("DYN_TCP_TLS_INSECURE=\"yes\""));
+    let slow = ("DYN_TCP_TLS_HANDSHAKE_TIMEOUT_SECS", "0".to_owned());
+    assert!(err_text(&[slow]).contains("DYN_TCP_TLS_HANDSHAKE_TIMEOUT_SECS"));
+    config(&[cert, key, ca]).unwrap();
+}
+
+#[test]
+fn an_empty_or_unreadable_pem_is_a_startup_error_naming_its_variable() {
+    let pki = TestPki::new();
+    std::fs::write(pki.path("empty.pem"), "").unwrap();
+    let text = err_text(&[
+        ("DYN_TCP_TLS_CERT_PATH", path(&pki, "empty.pem")),
+        ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key")),
+    ]);
+    assert!(text.starts_with("DYN_TCP_TLS_CERT_PATH:"), "{text}");
+    assert!(text.contains("empty.pem"), "{text}");
+    let text = err_text(&[("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, "missing.pem"))]);
+    assert!(text.starts_with("DYN_TCP_TLS_CA_CERT_PATH:"), "{text}");
+    assert!(text.contains("missing.pem"), "{text}");
+}
+
+#[test]
+fn a_cluster_secret_must_be_readable_and_long_enough() {
+    let pki = TestPki::new();
+    std::fs::write(pki.path("short"), "too short\n").unwrap();
+    let text = err_text(&[("DYN_VELO_CLUSTER_SECRET_PATH", path(&pki, "short"))]);
+    assert!(text.starts_with("DYN_VELO_CLUSTER_SECRET_PATH="), "{text}");
+    assert!(text.contains("16..=4096 bytes, got 9"), "{text}");
+    let text = err_text(&[("DYN_VELO_CLUSTER_SECRET_PATH", path(&pki, "absent"))]);
+    assert!(text.contains("cannot read it"), "{text}");
+}
+
+#[test]
+fn an_unspecified_host_is_refused_and_none_means_a_routable_address() {
+    let text = err_text(&[("DYN_TCP_RESPONSE_STREAM_HOST", "0.0.0.0".into())]);
+    assert!(
+        text.contains("unspecified address cannot be advertised"),
+        "{text}"
+    );
+    assert!(err_text(&[("DYN_TCP_RESPONSE_STREAM_HOST", "::".into())]).contains("unspecified"));
+}
+
+#[tokio::test]
+async fn a_worker_that_cannot_verify_tls_frontends_does_not_start() {
+    let pki = TestPki::new();
+    let c = config(&[
+        ("DYN_RESPONSE_PLANE", "velo".into()),
+        ("DYN_TCP_TLS_CERT_PATH", path(&pki, "server.pem")),
+        ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key")),
+    ])
+    .unwrap();
+    let err = WorkerPlane::new(c, TaskTracker::new()).unwrap_err();
+    assert!(matches!(err, StartError::Config(_)), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("DYN_TCP_TLS_CA_CERT_PATH is not set"),
+        "{err}"
+    );
+    // And a frontend whose workers expect TLS it does not serve.
+    let c = config(&[("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, "ca.pem"))]).unwrap();
+    let err = FrontendPlane::bind(c, TaskTracker::new())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("DYN_TCP_TLS_CERT_PATH is not set"),
+        "{err}"
+    );
+    // A worker of a mutual-TLS cluster without its own certificate.
+    let mut env = mtls_env(&pki, "velo");
+    env.retain(|(k, _)| {
+        !k.starts_with("DYN_TCP_TLS_CLIENT_CERT") && !k.starts_with("DYN_TCP_TLS_CLIENT_KEY")
+    });
+    let err = WorkerPlane::new(config(&env).unwrap(), TaskTracker::new()).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("DYN_TCP_TLS_CLIENT_CERT_PATH is not set"),
+        "{err}"
+    );
+}
+
+/// One stream from `worker` to `frontend`, its items read back.
+async fn one_stream(frontend: &FrontendPlane, worker: &WorkerPlane) -> Vec<String> {
+    let (info, pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    send_two(worker, &info).await;
+    let stream = tokio::time::timeout(BOUND, pending.established())
+        .await
+        .unwrap()
+        .unwrap();
+    let items: Vec<_> = tokio::time::timeout(BOUND, stream.collect::<Vec<_>>())
+        .await
+        .unwrap();
+    items.into_iter().map(Result::unwrap).collect()
+}
+
+async fn send_two(worker: &WorkerPlane, info: &ConnectionInfo) {
+    let mut s = tokio::time::timeout(BOUND, worker.connect::<String>(info))
+        .await
+        .unwrap()
+        .unwrap();
+    s.send_prologue(Ok(())).await.unwrap();
+    s.send(&"one".to_owned()).await.unwrap();
+    s.send(&"two".to_owned()).await.unwrap();
+    s.finish().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_planes_carry_streams_over_mutual_tls_with_a_cluster_secret() {
+    let pki = TestPki::new();
+    std::fs::write(pki.path("secret"), "a cluster secret of thirty-two b\n").unwrap();
+    for plane in ["velo", "tcp"] {
+        let mut env = mtls_env(&pki, plane);
+        env.push(("DYN_VELO_CLUSTER_SECRET_PATH", path(&pki, "secret")));
+        let tracker = TaskTracker::new();
+        let frontend = FrontendPlane::bind(config(&env).unwrap(), tracker.clone())
+            .await
+            .unwrap();
+        let worker = WorkerPlane::new(config(&env).unwrap(), tracker.clone()).unwrap();
+        assert_eq!(
+            one_stream(&frontend, &worker).await,
+            ["one", "two"],
+            "{plane}"
+        );
+        frontend.shutdown().await;
+        worker.close();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_tied_to_a_worker_is_refused_from_any_other_even_with_its_token() {
+    for plane in ["velo", "tcp"] {
+        let base = config(&[("DYN_RESPONSE_PLANE", plane.into())]).unwrap();
+        let tracker = TaskTracker::new();
+        let frontend = FrontendPlane::bind(base.clone(), tracker.clone())
+            .await
+            .unwrap();
+        let as_worker = |id| {
+            let c = base.to_builder().worker_instance(Some(id)).build().unwrap();
+            WorkerPlane::new(c, tracker.clone()).unwrap()
+        };
+        let (right, intruder) = (as_worker(7), as_worker(8));
+        let (info, pending) = frontend
+            .register::<String>(RegisterOptions::default())
+            .unwrap();
+        pending.associate(7).unwrap();
+        // The intruder has the whole address, token included.
+        if let Ok(Ok(mut s)) = tokio::time::timeout(BOUND, intruder.connect::<String>(&info)).await
+        {
+            let _ = s.send_prologue(Ok(())).await;
+            let _ = s.send(&"forged".to_owned()).await;
+        }
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while frontend.stats().arrivals_wrong_worker == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{plane}: refusal not counted"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            frontend.pending(),
+            1,
+            "{plane}: the registration still waits"
+        );
+        send_two(&right, &info).await;
+        let stream = tokio::time::timeout(BOUND, pending.established())
+            .await
+            .unwrap()
+            .unwrap();
+        let items: Vec<_> = stream.map(Result::unwrap).collect().await;
+        assert_eq!(items, ["one", "two"], "{plane}");
+        frontend.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
+    let pki = TestPki::new();
+    pki.foreign("next");
+    let env = |ca: &str| {
+        vec![
+            ("DYN_RESPONSE_PLANE", "velo".to_owned()),
+            ("DYN_TCP_TLS_CERT_PATH", path(&pki, "server.pem")),
+            ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key")),
+            ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, ca)),
+        ]
+    };
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(config(&env("ca.pem")).unwrap(), tracker.clone())
+        .await
+        .unwrap();
+    let old = WorkerPlane::new(config(&env("ca.pem")).unwrap(), tracker.clone()).unwrap();
+    assert_eq!(one_stream(&frontend, &old).await, ["one", "two"]);
+    // The certificate rotates to one the next CA vouches for.
+    std::fs::copy(pki.path("next-server.pem"), pki.path("server.pem")).unwrap();
+    std::fs::copy(pki.path("next-server.key"), pki.path("server.key")).unwrap();
+    frontend.reload_tls().unwrap();
+    let next = WorkerPlane::new(config(&env("next-ca.pem")).unwrap(), tracker.clone()).unwrap();
+    assert_eq!(one_stream(&frontend, &next).await, ["one", "two"]);
+    // The old worker's connection was made before: it keeps its session.
+    assert_eq!(one_stream(&frontend, &old).await, ["one", "two"]);
+    frontend.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
+    let pki = TestPki::new();
+    for plane in ["velo", "tcp"] {
+        let tracker = TaskTracker::new();
+        let frontend =
+            FrontendPlane::bind(config(&mtls_env(&pki, plane)).unwrap(), tracker.clone())
+                .await
+                .unwrap();
+        let plain = config(&[("DYN_RESPONSE_PLANE", plane.into())]).unwrap();
+        let worker = WorkerPlane::new(plain, tracker.clone()).unwrap();
+        let opts = RegisterOptions {
+            establish_timeout: Some(Duration::from_millis(500)),
+            ..RegisterOptions::default()
+        };
+        let (info, pending) = frontend.register::<String>(opts).unwrap();
+        match tokio::time::timeout(BOUND, worker.connect::<String>(&info))
+            .await
+            .unwrap()
+        {
+            Err(e) => assert!(e.to_string().contains("requires TLS"), "{plane}: {e}"),
+            Ok(mut s) => {
+                // The classic worker learns only when the frontend drops the connection.
+                let _ = s.send_prologue(Ok(())).await;
+            }
+        }
+        let err = tokio::time::timeout(BOUND, pending.established())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(err, response_plane::ResponseError::ResponseTimeout { .. }),
+            "{plane}: {err}"
+        );
+        frontend.shutdown().await;
+    }
+}

@@ -1,0 +1,274 @@
+//! The hostile-peer suite: attacks on a running frontend over loopback while a legitimate
+//! worker streams alongside, and one table of what each attack got (the frontend's answer,
+//! what it held at peak) and what it cost the legitimate worker (its requests' success
+//! rate, and the p99 of their mean inter-token latency against a quiet run).
+//!
+//! The frontend is the velo plane over TCP with TLS and a cluster secret, as a hardened
+//! deployment runs it; the legitimate worker holds the CA, the secret and its discovery
+//! instance. Attackers come from other loopback addresses (127.0.0.2 and up), so the
+//! per-source handshake budget shows. `cargo xtask hostile` runs it at full scale; the
+//! `hostile` test runs it small and checks every outcome.
+
+mod attacks;
+mod legit;
+mod raw;
+
+use std::time::Duration;
+
+use response_plane::{FrontendPlane, ResponsePlaneConfig, WorkerPlane};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use velo_tls::testing::TestPki;
+
+pub use attacks::Attack;
+pub use legit::Legit;
+
+/// How hard the suite pushes.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    /// Connections that connect and say nothing.
+    pub silent: usize,
+    /// Connections that send their HELLO a byte at a time.
+    pub slowloris: usize,
+    /// Connections of random bytes, and of each refused handshake.
+    pub probes: usize,
+    /// How long each attack (and the legitimate load measured with it) runs.
+    pub window: Duration,
+    /// Concurrent legitimate requests.
+    pub streams: usize,
+    /// Items per legitimate request.
+    pub items: usize,
+    /// Pause between a legitimate request's items (an engine's pass).
+    pub item_gap: Duration,
+}
+
+impl Scale {
+    /// What `cargo xtask hostile` runs.
+    pub fn full() -> Self {
+        Self {
+            silent: 5000,
+            slowloris: 60,
+            probes: 200,
+            window: Duration::from_secs(7),
+            streams: 32,
+            items: 64,
+            item_gap: Duration::from_millis(2),
+        }
+    }
+
+    /// What the test runs: every attack, smaller.
+    pub fn smoke() -> Self {
+        Self {
+            silent: 300,
+            slowloris: 8,
+            probes: 16,
+            window: Duration::from_secs(6),
+            streams: 4,
+            items: 16,
+            item_gap: Duration::from_millis(2),
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The attack.
+    pub attack: &'static str,
+    /// What the frontend did to it (refused / closed, with which code), tallied.
+    pub outcome: String,
+    /// Connections to the frontend's port at peak during the attack (the legitimate
+    /// worker's lanes included).
+    pub peak_connections: usize,
+    /// Growth of this process's resident memory at peak, in KiB.
+    pub peak_rss_kib: i64,
+    /// The legitimate worker's requests during the attack.
+    pub legit: Legit,
+}
+
+/// The suite's result: a quiet run, then one row per attack.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The legitimate load alone.
+    pub quiet: Legit,
+    /// Each attack.
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// The table, in Markdown.
+    pub fn table(&self) -> String {
+        let q = self.quiet.itl_p99_ms();
+        let mut out = format!(
+            "quiet run: {} requests, success {:.2}%, ITL p99 {:.3} ms\n\n",
+            self.quiet.total(),
+            self.quiet.success_pct(),
+            q
+        );
+        out.push_str("| attack | outcome | peak conns | peak RSS | legit success | legit ITL p99 | vs quiet |\n");
+        out.push_str("|---|---|---:|---:|---:|---:|---:|\n");
+        for r in &self.rows {
+            let itl = r.legit.itl_p99_ms();
+            out.push_str(&format!(
+                "| {} | {} | {} | {:+} KiB | {:.2}% ({}) | {:.3} ms | {:+.1}% |\n",
+                r.attack,
+                r.outcome,
+                r.peak_connections,
+                r.peak_rss_kib,
+                r.legit.success_pct(),
+                r.legit.total(),
+                itl,
+                (itl / q - 1.0) * 100.0
+            ));
+        }
+        out
+    }
+}
+
+/// The frontend under attack and what the attacks need to reach it.
+pub struct Target {
+    pki: TestPki,
+    frontend: FrontendPlane,
+    legit: WorkerPlane,
+    /// A plaintext frontend, for the TLS-client-to-plaintext attack.
+    plain: FrontendPlane,
+    config: ResponsePlaneConfig,
+    tracker: TaskTracker,
+    scale: Scale,
+}
+
+/// The legitimate worker's discovery instance.
+pub const LEGIT_INSTANCE: u64 = 1;
+/// An insider's (a worker holding the secret, serving other requests).
+pub const INSIDER_INSTANCE: u64 = 666;
+/// The cluster secret of the run.
+const SECRET: &str = "the hostile suite's cluster secret";
+
+impl Target {
+    /// Starts the frontends and the legitimate worker.
+    ///
+    /// # Panics
+    ///
+    /// If they cannot start (the suite cannot run then).
+    pub async fn start(scale: Scale) -> Self {
+        let pki = TestPki::new();
+        std::fs::write(pki.path("secret"), SECRET).expect("secret file");
+        let tracker = TaskTracker::new();
+        let config = base(&pki);
+        let frontend = FrontendPlane::bind(config.clone(), tracker.clone())
+            .await
+            .expect("frontend starts");
+        let legit = worker(&config, LEGIT_INSTANCE, &tracker);
+        let plain_config = ResponsePlaneConfig::builder()
+            .plane(response_plane::Plane::Velo)
+            .host(Some(std::net::Ipv4Addr::LOCALHOST.into()))
+            .build()
+            .expect("valid");
+        let plain = FrontendPlane::bind(plain_config, tracker.clone())
+            .await
+            .expect("plaintext frontend starts");
+        Self {
+            pki,
+            frontend,
+            legit,
+            plain,
+            config,
+            tracker,
+            scale,
+        }
+    }
+
+    /// A worker of the cluster (it holds the CA and the secret) announcing `instance`.
+    pub fn insider(&self, instance: u64) -> WorkerPlane {
+        worker(&self.config, instance, &self.tracker)
+    }
+
+    /// Runs the quiet baseline, then every attack.
+    pub async fn run(&self, attacks: &[Attack]) -> Report {
+        let quiet = self.measure(None).await.legit;
+        let mut rows = Vec::new();
+        for &a in attacks {
+            rows.push(self.measure(Some(a)).await);
+        }
+        Report { quiet, rows }
+    }
+
+    async fn measure(&self, attack: Option<Attack>) -> Row {
+        let stop = CancellationToken::new();
+        let port = self.frontend.address().port();
+        let sampler = tokio::spawn(legit::sample_peak(port, stop.clone()));
+        let load = tokio::spawn(legit::run(
+            self.frontend.clone(),
+            self.legit.clone(),
+            self.scale,
+            stop.clone(),
+        ));
+        let outcome = match attack {
+            Some(a) => a.run(self).await,
+            None => {
+                tokio::time::sleep(self.scale.window).await;
+                "-".to_owned()
+            }
+        };
+        stop.cancel();
+        let legit = load.await.expect("the legitimate load ends");
+        let (peak_connections, peak_rss_kib) = sampler.await.expect("the sampler ends");
+        Row {
+            attack: attack.map_or("none (quiet)", Attack::name),
+            outcome,
+            peak_connections,
+            peak_rss_kib,
+            legit,
+        }
+    }
+
+    /// Stops everything.
+    pub async fn shutdown(self) {
+        self.frontend.shutdown().await;
+        self.plain.shutdown().await;
+        self.legit.close();
+        self.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.tracker.wait()).await;
+    }
+}
+
+/// The frontend's and workers' common configuration: velo over TCP on loopback, TLS with the
+/// run's PKI, the cluster secret.
+fn base(pki: &TestPki) -> ResponsePlaneConfig {
+    let p = |n: &str| pki.path(n).display().to_string();
+    let vars = [
+        ("DYN_RESPONSE_PLANE", "velo".to_owned()),
+        ("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1".to_owned()),
+        ("DYN_TCP_TLS_CERT_PATH", p("server.pem")),
+        ("DYN_TCP_TLS_KEY_PATH", p("server.key")),
+        ("DYN_TCP_TLS_CA_CERT_PATH", p("ca.pem")),
+        ("DYN_VELO_CLUSTER_SECRET_PATH", p("secret")),
+    ];
+    ResponsePlaneConfig::from_lookup(|v| vars.iter().find(|(k, _)| *k == v).map(|(_, x)| x.clone()))
+        .expect("the suite's configuration is valid")
+}
+
+fn worker(config: &ResponsePlaneConfig, instance: u64, tracker: &TaskTracker) -> WorkerPlane {
+    let c = config
+        .to_builder()
+        .worker_instance(Some(instance))
+        .build()
+        .expect("valid");
+    WorkerPlane::new(c, tracker.clone()).expect("worker starts")
+}
+
+/// Keeps the PKI's paths reachable for attacks that dial by hand.
+impl Target {
+    fn ca(&self) -> std::path::PathBuf {
+        self.pki.path("ca.pem")
+    }
+
+    fn secret(&self) -> velo_session::ClusterSecret {
+        velo_session::ClusterSecret::new(SECRET.as_bytes()).expect("valid secret")
+    }
+}
+
+/// Shared with the attacks: the frontend's stats are read before and after.
+fn stats(f: &FrontendPlane) -> response_plane::PlaneStats {
+    f.stats()
+}

@@ -1,0 +1,152 @@
+//! Stories of a worker that makes the frontend work for nothing: OPENs that are refused,
+//! OPENs reset before their first item ("rapid reset"), and oversized prologues. Each costs a
+//! bounded, counted amount; past the churn limit the lane closes with `churn_limit`.
+
+mod common;
+
+use bytes::Bytes;
+use velo_mux::testing::Pair;
+use velo_mux::{ChurnLimit, LaneError, LaneId, MuxConfig, Side};
+use velo_wire::{CancelCode, ErrorCode, Record, StreamId, Token};
+
+use common::*;
+
+const LIMIT: ChurnLimit = ChurnLimit {
+    burst: 8,
+    per_second: 1,
+};
+
+fn pair() -> Pair {
+    let worker = MuxConfig::builder(Side::Worker)
+        .lanes(1)
+        .max_prologue_len(64)
+        .build()
+        .unwrap();
+    let frontend = MuxConfig::builder(Side::Frontend)
+        .lanes(1)
+        .churn_limit(LIMIT)
+        .max_prologue_len(64)
+        .build()
+        .unwrap();
+    let mut pair = Pair::new((worker, frontend));
+    pair.drive();
+    pair
+}
+
+fn open(slot: u32, prologue: &[u8]) -> Record {
+    Record::Open {
+        stream: StreamId::new(slot, 0),
+        ticket: u64::from(slot),
+        token: Token([0; 16]),
+        prologue: Bytes::copy_from_slice(prologue),
+    }
+}
+
+#[test]
+fn opens_the_frontend_refuses_close_the_lane_past_the_churn_limit() {
+    let mut pair = pair();
+    for slot in 0..8 {
+        inject(&mut pair, LaneId(0), &[open(slot, PROLOGUE)]).unwrap();
+        let key = pair.frontend_key(u64::from(slot));
+        pair.frontend.cancel(pair.now, key, CancelCode::REFUSED);
+    }
+    assert_eq!(pair.frontend.stats().churn, 8);
+    assert!(pair.frontend.is_connected(), "the burst is absorbed");
+    inject(&mut pair, LaneId(0), &[open(8, PROLOGUE)]).unwrap();
+    let key = pair.frontend_key(8);
+    pair.frontend.cancel(pair.now, key, CancelCode::REFUSED);
+    assert!(
+        !pair.frontend.is_connected(),
+        "the ninth refusal closes the lane"
+    );
+    assert_eq!(pair.frontend.stats().churn_closes, 1);
+}
+
+#[test]
+fn opens_reset_before_their_first_item_count_and_streams_that_worked_do_not() {
+    let mut pair = pair();
+    // A stream that delivered an item, then failed: real work, not churn.
+    inject(
+        &mut pair,
+        LaneId(0),
+        &[
+            open(100, PROLOGUE),
+            Record::Data {
+                stream: StreamId::new(100, 0),
+                seq: 0,
+                payload: Bytes::from_static(b"x"),
+            },
+            Record::Error {
+                stream: StreamId::new(100, 0),
+                code: ErrorCode(1),
+                message: "engine".into(),
+            },
+        ],
+    )
+    .unwrap();
+    assert_eq!(pair.frontend.stats().churn, 0);
+    let reset = |slot| {
+        [
+            open(slot, PROLOGUE),
+            Record::Error {
+                stream: StreamId::new(slot, 0),
+                code: ErrorCode::DROPPED,
+                message: String::new(),
+            },
+        ]
+    };
+    for slot in 0..8 {
+        inject(&mut pair, LaneId(0), &reset(slot)).unwrap();
+    }
+    let err = inject(&mut pair, LaneId(0), &reset(8)).unwrap_err();
+    assert!(
+        matches!(err, LaneError::ChurnLimit { burst: 8, .. }),
+        "{err}"
+    );
+    assert_eq!(err.close_code(), Some(velo_wire::CloseCode::CHURN_LIMIT));
+}
+
+#[test]
+fn a_prologue_over_the_cap_is_refused_on_both_sides() {
+    let mut pair = pair();
+    let big = [b' '; 65];
+    let err = pair
+        .worker
+        .open(pair.now, 1, &Token([0; 16]), &big)
+        .unwrap_err();
+    assert!(
+        matches!(err, velo_mux::OpenError::PrologueTooLarge { len: 65, .. }),
+        "{err}"
+    );
+    // A worker ignoring its own cap is refused by the frontend, and that is churn.
+    inject(&mut pair, LaneId(0), &[open(1, &big)]).unwrap();
+    assert_eq!(pair.frontend.stats().streams_refused, 1);
+    assert_eq!(pair.frontend.stats().churn, 1);
+    assert_eq!(
+        pair.frontend.stats().streams_opened,
+        0,
+        "no stream state was kept"
+    );
+}
+
+#[test]
+fn the_churn_budget_refills_at_its_rate() {
+    let mut pair = pair();
+    let reset = |slot| {
+        [
+            open(slot, PROLOGUE),
+            Record::Error {
+                stream: StreamId::new(slot, 0),
+                code: ErrorCode::DROPPED,
+                message: String::new(),
+            },
+        ]
+    };
+    for slot in 0..8 {
+        inject(&mut pair, LaneId(0), &reset(slot)).unwrap();
+    }
+    // One per second: after a second, one more is absorbed.
+    pair.now += std::time::Duration::from_secs(1);
+    inject(&mut pair, LaneId(0), &reset(8)).unwrap();
+    assert!(inject(&mut pair, LaneId(0), &reset(9)).is_err());
+}
