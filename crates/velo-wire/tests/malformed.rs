@@ -160,8 +160,8 @@ fn unknown_kinds_are_named() {
     );
     check(
         "record kind",
-        &batch(&[0x0a]),
-        Err(WireError::UnknownRecord { kind: 0x0a }),
+        &batch(&[0x0b]),
+        Err(WireError::UnknownRecord { kind: 0x0b }),
     );
     check(
         "record kind zero",
