@@ -320,8 +320,6 @@ fn frontend_args(
     }
 }
 
-/// Spawns `exe` as `role` (inside its network namespace if there is one), its stderr to `log`,
-/// its stdout's lines to `tx` as said by `source`.
 /// The PKI of this run's TLS arms: generated once, at run time (no key is committed), in a
 /// temporary directory that lives as long as the orchestrator.
 fn run_pki() -> &'static velo_tls::testing::TestPki {
@@ -329,7 +327,9 @@ fn run_pki() -> &'static velo_tls::testing::TestPki {
     PKI.get_or_init(velo_tls::testing::TestPki::new)
 }
 
-/// Spawns `exe` as `role` (a TLS arm's with `DYN_TCP_TLS_*` pointing at the run's PKI).
+/// Spawns `exe` as `role` (inside its network namespace if there is one; a TLS arm's with
+/// `DYN_TCP_TLS_*` pointing at the run's PKI), its stderr to `log`, its stdout's lines to `tx`
+/// as said by `source`.
 fn spawn(
     exe: &Path,
     role: &Role,
