@@ -47,6 +47,9 @@ pub enum WorkerError {
     /// The response-plane service could not start.
     #[error(transparent)]
     Service(#[from] StartupError),
+    /// The service's configuration could not take this worker's instance id.
+    #[error(transparent)]
+    Config(#[from] response_plane::ConfigError),
     /// The service was configured without the worker role.
     #[error("the response-plane service does not run the worker role")]
     NotAWorker,
@@ -90,7 +93,8 @@ impl Worker {
     /// [`WorkerError`] naming what could not start.
     pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
         let tracker = TaskTracker::new();
-        let service = ResponseService::start(config.service.clone()).await?;
+        let instance_id = new_instance_id();
+        let service = ResponseService::start(announcing(&config.service, instance_id)?).await?;
         let plane = service.worker().cloned().ok_or(WorkerError::NotAWorker)?;
         let stats = Arc::new(WorkerStats::default());
         let opts = WorkerOpts {
@@ -125,7 +129,7 @@ impl Worker {
             namespace: config.discovery.namespace.clone(),
             component: config.discovery.component.clone(),
             endpoint: config.discovery.endpoint.clone(),
-            instance_id: new_instance_id(),
+            instance_id,
             transport: Transport::Tcp(addr.to_string()),
         };
         let lease = Lease::publish(&config.discovery, &instance).map_err(|source| {
@@ -197,6 +201,18 @@ impl Worker {
         }
         self.tracker.close();
     }
+}
+
+/// `service` with its plane announcing `instance_id`: the frontend ties each request's stream
+/// to the instance it sent the request to, and opens it only to the connection that announced
+/// that instance.
+fn announcing(service: &ServiceConfig, instance_id: u64) -> Result<ServiceConfig, WorkerError> {
+    let plane = service
+        .response_plane()
+        .to_builder()
+        .worker_instance(Some(instance_id))
+        .build()?;
+    Ok(service.to_builder().response_plane(plane).build()?)
 }
 
 /// A random, non-zero instance id.
