@@ -24,6 +24,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RUNNING: u8 = 0;
 const STOPPED: u8 = 1;
 const KILLED: u8 = 2;
+/// How long a failed write waits for the watcher's verdict on why the connection broke.
+const VERDICT_WAIT: Duration = Duration::from_secs(1);
 
 /// What the frontend asked of one classic stream, fed by a reader task.
 #[derive(Debug, Default)]
@@ -292,10 +294,15 @@ impl ClassicWriter {
             }
         };
         self.control.wrote(self.epoch);
-        match written {
-            Ok(()) => Ok(()),
-            Err(_) if self.control.is_killed() => Err(ResponseError::Cancelled { graceful: false }),
-            Err(e) => Err(ResponseError::lost(Cause::io(e))),
+        let Err(e) = written else { return Ok(()) };
+        // A frontend that kills a stream sends KILL and closes: this write can fail before
+        // the watcher has read the KILL. Its verdict decides (a broken connection ends its
+        // read at once; the bound covers a watcher that cannot run).
+        let _ = tokio::time::timeout(VERDICT_WAIT, self.control.killed()).await;
+        if self.control.is_killed() {
+            Err(ResponseError::Cancelled { graceful: false })
+        } else {
+            Err(ResponseError::lost(Cause::io(e)))
         }
     }
 }
@@ -512,6 +519,46 @@ mod tests {
         let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
         let (w, _frontend) = (w.unwrap(), accepted.unwrap());
         crate::classic::socket::assert_liveness(w.write.lock().await.tcp().unwrap(), bound);
+        dialer.stop();
+    }
+
+    /// A frontend that kills a stream writes KILL and closes at once (with tokens unread: a
+    /// reset). The worker's next write fails before its watcher has read the KILL; the writer
+    /// must still report the kill, not a lost connection. A current-thread runtime makes the
+    /// writer win that race every time: the watcher cannot run until the writer yields.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_failing_after_the_frontends_kill_reports_the_kill_not_a_lost_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dialer = ClassicDialer::new(
+            1 << 20,
+            Duration::from_secs(9),
+            None,
+            None,
+            TaskTracker::new(),
+        );
+        let to = address(listener.local_addr().unwrap());
+        let mut w = dialer.connect(&to).await.unwrap();
+        let (mut frontend, _) = listener.accept().unwrap();
+        w.prologue(b"{}").await.unwrap();
+        std::io::Write::write_all(&mut frontend, &frame::header(super::super::frame::KILL, 0))
+            .unwrap();
+        // Unread bytes and no linger: the close is a reset, delivered (loopback) before
+        // `drop` returns.
+        socket2::SockRef::from(&frontend)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(frontend);
+        let mut outcome = Ok(());
+        for _ in 0..1000 {
+            outcome = w.item(b"a token").await;
+            if outcome.is_err() {
+                break;
+            }
+        }
+        assert!(
+            matches!(outcome, Err(ResponseError::Cancelled { .. })),
+            "{outcome:?}"
+        );
         dialer.stop();
     }
 }
