@@ -540,8 +540,7 @@ mod tests {
         let mut w = dialer.connect(&to).await.unwrap();
         let (mut frontend, _) = listener.accept().unwrap();
         w.prologue(b"{}").await.unwrap();
-        std::io::Write::write_all(&mut frontend, &frame::header(super::super::frame::KILL, 0))
-            .unwrap();
+        std::io::Write::write_all(&mut frontend, &frame::header(frame::KILL, 0)).unwrap();
         // Unread bytes and no linger: the close is a reset, delivered (loopback) before
         // `drop` returns.
         socket2::SockRef::from(&frontend)
