@@ -10,7 +10,7 @@ use super::ops::Who;
 use super::world::World;
 use crate::stream::Half;
 use crate::wire_table::PAGE_SLOTS;
-use crate::{LaneId, Mux};
+use crate::{LaneId, Mux, MuxEvent};
 
 /// Kinds of event one stream can have pending at once (`Opened`, `Readable`, `Writable`,
 /// `StopRequested`, `Closed`).
@@ -22,18 +22,31 @@ const EVENTS_PER_LANE: usize = 2;
 const ITEMS_ABOVE_WINDOW: usize = 1;
 
 /// The event queue holds at most one event of each kind per stream, plus lane events and a
-/// GOAWAY ("one pending event of each kind per stream", `MuxEvent`'s docs).
+/// GOAWAY ("one pending event of each kind per stream", `MuxEvent`'s docs), plus one
+/// `LostBeforeAccept` per stream a lane's loss ended unseen: those streams have left the
+/// table, but there were never more than `max_streams` of them.
 ///
 /// # Panics
 ///
 /// When the queue is longer.
 pub(crate) fn check_event_queue(mux: &Mux) {
+    let lost = mux
+        .events
+        .iter()
+        .filter(|e| matches!(e, MuxEvent::LostBeforeAccept { .. }))
+        .count();
+    let max_lost = usize::try_from(mux.config.max_streams).unwrap_or(usize::MAX);
+    assert!(
+        lost <= max_lost,
+        "{:?}: {lost} lost streams to announce, max_streams {max_lost}",
+        mux.config.side
+    );
+    let others = mux.events.len() - lost;
     let bound = EVENTS_PER_STREAM * (mux.streams.len() + 1) + EVENTS_PER_LANE * mux.lanes.len() + 1;
     assert!(
-        mux.events.len() <= bound,
-        "{:?}: {} events pending, bound {bound}",
+        others <= bound,
+        "{:?}: {others} events pending, bound {bound}",
         mux.config.side,
-        mux.events.len()
     );
 }
 
