@@ -10,7 +10,7 @@ use crate::{CloseReason, LaneError, LaneId, StreamKey};
 /// The queue is bounded by the number of streams: each stream has at most one pending event of
 /// each kind (a `Readable` is not repeated until the stream's queue was drained), plus one
 /// `LostBeforeAccept` for each stream a lane's loss ended before the frontend took it (those
-/// streams have left the table; never more than `max_streams`).
+/// streams have left the table; at most `max_streams` from each loss).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MuxEvent {
     /// Frontend: the worker opened a stream. The driver checks `ticket` and `token` against its

@@ -47,7 +47,7 @@
 //! | streams refused, or reset before their first item, per connection (frontend) | `churn_limit` (a burst of 1,024, then 256/s) | the lane that went past it closes with CLOSE `churn_limit` ([`LaneError::ChurnLimit`]) |
 //! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
 //! | batch size | [`FlushPolicy`] (64 KiB, 1,024 records) | the batch is sealed and a new one starts |
-//! | events | one pending event of each kind per stream, plus one `LostBeforeAccept` per stream a lane's loss ended unseen (at most `max_streams`) | - |
+//! | events | one pending event of each kind per stream, plus one `LostBeforeAccept` per stream a lane's loss ended unseen (at most `max_streams` from each loss) | - |
 //!
 //! # Example
 //!
