@@ -335,7 +335,7 @@ impl<T: DeserializeOwned> PendingResponse<T> {
     ///
     /// # Errors
     ///
-    /// `CannotConnect` (error prologue, with the worker's typed cause), `Disconnected`
+    /// `Refused` (error prologue, with the worker's typed cause), `Disconnected`
     /// (worker gone first, its sender dropped before the prologue, or its instance removed),
     /// `ResponseTimeout`, `Closed`.
     pub async fn established(mut self) -> Result<ResponseStream<T>, ResponseError> {
