@@ -104,7 +104,15 @@ impl Drop for Cluster {
 impl Cluster {
     /// A frontend (adjusted by `tweak`) and `workers` in-process workers, all discovered.
     pub async fn start(p: Plane, workers: usize, tweak: impl FnOnce(&mut FrontendConfig)) -> Self {
-        let plane = plane(p);
+        Self::start_on(plane(p), workers, tweak).await
+    }
+
+    /// As [`start`](Self::start), on a plane configured by the caller (TLS, a secret).
+    pub async fn start_on(
+        plane: ResponsePlaneConfig,
+        workers: usize,
+        tweak: impl FnOnce(&mut FrontendConfig),
+    ) -> Self {
         let discovery = discovery(Duration::from_secs(10));
         let mut config = frontend_config(plane.clone(), discovery.clone());
         tweak(&mut config);
