@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::env::Env;
 use crate::security::{ENV_CLUSTER_SECRET_PATH, TlsConfig};
+use velo_mux::handshake::{MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT};
 
 /// `DYN_RESPONSE_PLANE`: `tcp` (default, the classic plane) or `velo`.
 pub const ENV_PLANE: &str = "DYN_RESPONSE_PLANE";
@@ -20,6 +21,9 @@ pub const ENV_HOST: &str = "DYN_TCP_RESPONSE_STREAM_HOST";
 pub const ENV_PORT: &str = "DYN_TCP_RESPONSE_STREAM_PORT";
 /// `DYN_TCP_MAX_MESSAGE_SIZE`: the largest frame or message in bytes (default 32 MiB).
 pub const ENV_MAX_MESSAGE_SIZE: &str = "DYN_TCP_MAX_MESSAGE_SIZE";
+/// `DYN_VELO_IDLE_TIMEOUT_MS`: the liveness bound of both planes, in ms (default 10000;
+/// [`ResponsePlaneConfigBuilder::idle_timeout`]).
+pub const ENV_IDLE_TIMEOUT_MS: &str = "DYN_VELO_IDLE_TIMEOUT_MS";
 
 /// Default batching delay: 5 ms (Dynamo PR #15231).
 pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(5);
@@ -370,6 +374,11 @@ impl ResponsePlaneConfigBuilder {
                 Batching::Delay(d)
             };
         }
+        let idle = "expected a whole number of milliseconds from 100 to 3600000";
+        let range = millis(MIN_IDLE_TIMEOUT)..=millis(MAX_IDLE_TIMEOUT);
+        if let Some(ms) = env.number::<u64>(ENV_IDLE_TIMEOUT_MS, range, idle)? {
+            c.idle_timeout = Duration::from_millis(ms);
+        }
         if let Some(h) = env.parsed(ENV_HOST, "expected an IPv4 or IPv6 address")? {
             c.host = Some(h);
         }
@@ -521,6 +530,11 @@ pub enum ConfigError {
          feature (of response-plane, or runtime-glue)"
     )]
     UcxNotCompiled,
+}
+
+/// `d` in whole milliseconds (saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -23,7 +23,8 @@
 //! # Liveness
 //!
 //! Nothing waits for ever on a peer that vanished. [`ResponsePlaneConfig::idle_timeout`]
-//! (10 s by default) bounds every connection of both planes: velo lanes by heartbeats, and
+//! (10 s by default; `DYN_VELO_IDLE_TIMEOUT_MS`, 100 to 3,600,000) bounds every connection of
+//! both planes: velo lanes by heartbeats, and
 //! every TCP socket (velo lanes and classic connections alike) by `TCP_USER_TIMEOUT` and
 //! keepalive probes. [`WorkerPlane::close`] and [`WorkerPlane::abort`] end every stream and
 //! every task the plane spawned, classic ones included.
@@ -92,8 +93,8 @@ use std::sync::Arc;
 pub use codec::Codec;
 pub use config::{
     Batching, ConfigError, DEFAULT_BATCH_DELAY, DEFAULT_MAX_MESSAGE_SIZE, ENV_BATCH_MS, ENV_HOST,
-    ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT, ENV_TRANSPORT, MAX_BATCH_MS, Plane,
-    ResponsePlaneConfig, ResponsePlaneConfigBuilder, VeloTransport,
+    ENV_IDLE_TIMEOUT_MS, ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT, ENV_TRANSPORT, MAX_BATCH_MS,
+    Plane, ResponsePlaneConfig, ResponsePlaneConfigBuilder, VeloTransport,
 };
 pub use error::{
     Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TypedError,

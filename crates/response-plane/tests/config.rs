@@ -53,6 +53,23 @@ fn valid_values_select_what_they_name() {
 }
 
 #[test]
+fn the_liveness_bound_of_both_planes_is_set_in_milliseconds() {
+    assert_eq!(
+        parse(&[]).unwrap().idle_timeout(),
+        Duration::from_secs(10),
+        "default"
+    );
+    for plane in ["tcp", "velo"] {
+        let c = parse(&[
+            ("DYN_RESPONSE_PLANE", plane),
+            ("DYN_VELO_IDLE_TIMEOUT_MS", "2500"),
+        ])
+        .unwrap();
+        assert_eq!(c.idle_timeout(), Duration::from_millis(2500), "{plane}");
+    }
+}
+
+#[test]
 fn every_bad_value_fails_with_its_variable_value_and_what_is_allowed() {
     let cases: &[(&str, &str, &str)] = &[
         ("DYN_RESPONSE_PLANE", "", "`tcp` (the default) or `velo`"),
@@ -93,6 +110,10 @@ fn every_bad_value_fails_with_its_variable_value_and_what_is_allowed() {
             "99999999999999999999999",
             "up to 10000",
         ),
+        ("DYN_VELO_IDLE_TIMEOUT_MS", "", "100 to 3600000"),
+        ("DYN_VELO_IDLE_TIMEOUT_MS", "1", "100 to 3600000"),
+        ("DYN_VELO_IDLE_TIMEOUT_MS", "3600001", "100 to 3600000"),
+        ("DYN_VELO_IDLE_TIMEOUT_MS", "10s", "100 to 3600000"),
         ("DYN_TCP_RESPONSE_STREAM_HOST", "", "IPv4 or IPv6"),
         ("DYN_TCP_RESPONSE_STREAM_HOST", "not-an-ip", "IPv4 or IPv6"),
         ("DYN_TCP_RESPONSE_STREAM_PORT", "", "0..=65535"),
