@@ -41,8 +41,10 @@ pub(crate) fn spawn(security: &Security, tracker: &TaskTracker) -> Watch {
         return watch;
     }
     let security = security.clone();
+    // Stamped now, not when the task first runs: a rotation between the two would be taken
+    // for the files already loaded and never reloaded.
+    let mut seen = stamps(&files);
     tracker.spawn(async move {
-        let mut seen = stamps(&files);
         let mut tick = tokio::time::interval(TLS_WATCH_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {

@@ -291,6 +291,53 @@ async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
     frontend.shutdown().await;
 }
 
+/// Without `reload_tls`: rotated files are picked up by the plane's own watch (every
+/// `TLS_WATCH_INTERVAL`), so a worker that trusts only the new CA gets in. Each try is a fresh
+/// worker (a failed preparation is cached for its backoff); tries are bounded in number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_frontend_picks_up_rotated_certificate_files_by_itself() {
+    let pki = TestPki::new();
+    pki.foreign("next");
+    let env = |ca: &str| {
+        vec![
+            ("DYN_RESPONSE_PLANE", "velo".to_owned()),
+            ("DYN_TCP_TLS_CERT_PATH", path(&pki, "server.pem")),
+            ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key")),
+            ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, ca)),
+        ]
+    };
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(config(&env("ca.pem")).unwrap(), tracker.clone())
+        .await
+        .unwrap();
+    std::fs::copy(pki.path("next-server.pem"), pki.path("server.pem")).unwrap();
+    std::fs::copy(pki.path("next-server.key"), pki.path("server.key")).unwrap();
+    let tries = 4 * BOUND.as_secs() / response_plane::TLS_WATCH_INTERVAL.as_secs();
+    let mut served = false;
+    for _ in 0..tries {
+        let next = WorkerPlane::new(config(&env("next-ca.pem")).unwrap(), tracker.clone()).unwrap();
+        let (info, pending) = frontend
+            .register::<String>(RegisterOptions::default())
+            .unwrap();
+        let sent = tokio::time::timeout(BOUND, next.connect::<String>(&info)).await;
+        if let Ok(Ok(mut s)) = sent {
+            s.send_prologue(Ok(())).await.unwrap();
+            s.finish().await.unwrap();
+            tokio::time::timeout(BOUND, pending.established())
+                .await
+                .unwrap()
+                .unwrap();
+            served = true;
+            break;
+        }
+        next.abort();
+        // The watch checks every interval; wait for a tick of it rather than spin.
+        tokio::time::sleep(response_plane::TLS_WATCH_INTERVAL / 4).await;
+    }
+    assert!(served, "the rotated certificate was never served");
+    frontend.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
     let pki = TestPki::new();
