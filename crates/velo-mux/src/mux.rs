@@ -168,6 +168,14 @@ impl Mux {
             .map_or(0, |l| l.wire.heap_bytes())
     }
 
+    /// Frontend: entries `lane`'s list of streams with credit to return keeps allocated between
+    /// batches: after a burst of streams, at most 1,024 (the rest is given back).
+    pub fn lane_grant_list_capacity(&self, lane: LaneId) -> usize {
+        self.lanes
+            .get(usize::from(lane.0))
+            .map_or(0, |l| l.grant_list.capacity())
+    }
+
     /// Whether the driver should read more input for `lane`: not while the bytes queued for
     /// the peer on it are at [`MuxConfig::max_buffered_bytes`] (input can queue more: refused
     /// OPENs, violations). A driver that gets `false` stops reading until

@@ -608,3 +608,44 @@ fn a_large_prologue_waits_for_room_in_a_full_lane_like_any_large_record() {
     let r = pair.worker.open(pair.now, 4, &Token([0; 16]), &big);
     assert!(r.is_ok(), "{r:?}");
 }
+
+#[test]
+fn a_burst_of_streams_returning_credit_leaves_no_burst_sized_grant_list_behind() {
+    let mut pair = Pair::new(default_configs());
+    // 8,000 streams over 4 lanes, one item each: every stream read once owes a little credit,
+    // so each lane's grant list holds ~2,000 streams until its next batch.
+    let streams: Vec<_> = (0..8_000).map(|_| pair.open_stream(PROLOGUE)).collect();
+    for &(s, _) in &streams {
+        pair.worker_send(s, b"one");
+    }
+    pair.drive();
+    for &(_, ticket) in &streams {
+        let key = pair.frontend_key(ticket);
+        assert_eq!(items(&pair.frontend_read(key)).len(), 1);
+    }
+    let lanes = (0..4).map(LaneId);
+    let peak: usize = lanes
+        .clone()
+        .map(|l| pair.frontend.lane_grant_list_capacity(l))
+        .sum();
+    assert!(peak > 4 * 1024, "the burst did not fill the lists: {peak}");
+    // The streams end and are released; the frontend has nothing more to send, so the lists
+    // go with its next batch at the latest: the heartbeat a third of the idle timeout on.
+    for &(s, _) in &streams {
+        pair.worker_finish(s, b"");
+    }
+    pair.drive();
+    for &(_, ticket) in &streams {
+        let key = pair.frontend_key(ticket);
+        pair.frontend_read(key);
+        pair.frontend.release(pair.now, key);
+    }
+    pair.advance(velo_mux::DEFAULT_IDLE_TIMEOUT / 2);
+    for lane in lanes {
+        let kept = pair.frontend.lane_grant_list_capacity(lane);
+        assert!(
+            kept <= 1024,
+            "{lane:?} keeps room for {kept} grants after the burst"
+        );
+    }
+}
