@@ -240,6 +240,12 @@ impl Peer {
             .collect()
     }
 
+    /// Entries the per-stream waker table keeps allocated (it follows the live streams: a
+    /// burst's table is given back as its streams are released).
+    pub fn waker_capacity(&self) -> usize {
+        self.lock().wakers.capacity()
+    }
+
     /// Flushes every lane's open batch now (the engine's once-per-forward-pass hint).
     pub fn flush(&self) {
         self.with(|st, now| st.mux.flush_hint(now));
