@@ -34,15 +34,9 @@ fn path(pki: &TestPki, name: &str) -> String {
 
 /// Every TLS variable of a cluster with mutual TLS, as one env for frontends and workers.
 fn mtls_env(pki: &TestPki, plane: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("DYN_RESPONSE_PLANE", plane.to_owned()),
-        ("DYN_TCP_TLS_CERT_PATH", path(pki, "server.pem")),
-        ("DYN_TCP_TLS_KEY_PATH", path(pki, "server.key")),
-        ("DYN_TCP_TLS_CA_CERT_PATH", path(pki, "ca.pem")),
-        ("DYN_TCP_TLS_CLIENT_CERT_PATH", path(pki, "client.pem")),
-        ("DYN_TCP_TLS_CLIENT_KEY_PATH", path(pki, "client.key")),
-        ("DYN_TCP_TLS_CLIENT_CA_CERT_PATH", path(pki, "ca.pem")),
-    ]
+    let mut vars = pki.mutual_tls_env();
+    vars.push(("DYN_RESPONSE_PLANE", plane.to_owned()));
+    vars
 }
 
 fn err_text(vars: &[(&str, String)]) -> String {
@@ -262,27 +256,39 @@ async fn a_stream_tied_to_a_worker_is_refused_from_any_other_even_with_its_token
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
+/// A velo plane with TLS whose worker trusts `ca` (a file of `pki`).
+fn rotation_env(pki: &TestPki, ca: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("DYN_RESPONSE_PLANE", "velo".to_owned()),
+        ("DYN_TCP_TLS_CERT_PATH", path(pki, "server.pem")),
+        ("DYN_TCP_TLS_KEY_PATH", path(pki, "server.key")),
+        ("DYN_TCP_TLS_CA_CERT_PATH", path(pki, ca)),
+    ]
+}
+
+/// A PKI with a second CA (`next-*`) and a frontend serving the first CA's certificate.
+async fn rotation_start() -> (TestPki, TaskTracker, FrontendPlane) {
     let pki = TestPki::new();
     pki.foreign("next");
-    let env = |ca: &str| {
-        vec![
-            ("DYN_RESPONSE_PLANE", "velo".to_owned()),
-            ("DYN_TCP_TLS_CERT_PATH", path(&pki, "server.pem")),
-            ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key")),
-            ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, ca)),
-        ]
-    };
     let tracker = TaskTracker::new();
-    let frontend = FrontendPlane::bind(config(&env("ca.pem")).unwrap(), tracker.clone())
-        .await
-        .unwrap();
-    let old = WorkerPlane::new(config(&env("ca.pem")).unwrap(), tracker.clone()).unwrap();
-    assert_eq!(one_stream(&frontend, &old).await, ["one", "two"]);
-    // The certificate rotates to one the next CA vouches for.
+    let config = config(&rotation_env(&pki, "ca.pem")).unwrap();
+    let frontend = FrontendPlane::bind(config, tracker.clone()).await.unwrap();
+    (pki, tracker, frontend)
+}
+
+/// The frontend's certificate files rotate to ones the next CA vouches for.
+fn rotate(pki: &TestPki) {
     std::fs::copy(pki.path("next-server.pem"), pki.path("server.pem")).unwrap();
     std::fs::copy(pki.path("next-server.key"), pki.path("server.key")).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
+    let (pki, tracker, frontend) = rotation_start().await;
+    let env = |ca: &str| rotation_env(&pki, ca);
+    let old = WorkerPlane::new(config(&env("ca.pem")).unwrap(), tracker.clone()).unwrap();
+    assert_eq!(one_stream(&frontend, &old).await, ["one", "two"]);
+    rotate(&pki);
     frontend.reload_tls().unwrap();
     let next = WorkerPlane::new(config(&env("next-ca.pem")).unwrap(), tracker.clone()).unwrap();
     assert_eq!(one_stream(&frontend, &next).await, ["one", "two"]);
@@ -296,22 +302,9 @@ async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
 /// worker (a failed preparation is cached for its backoff); tries are bounded in number.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_frontend_picks_up_rotated_certificate_files_by_itself() {
-    let pki = TestPki::new();
-    pki.foreign("next");
-    let env = |ca: &str| {
-        vec![
-            ("DYN_RESPONSE_PLANE", "velo".to_owned()),
-            ("DYN_TCP_TLS_CERT_PATH", path(&pki, "server.pem")),
-            ("DYN_TCP_TLS_KEY_PATH", path(&pki, "server.key")),
-            ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, ca)),
-        ]
-    };
-    let tracker = TaskTracker::new();
-    let frontend = FrontendPlane::bind(config(&env("ca.pem")).unwrap(), tracker.clone())
-        .await
-        .unwrap();
-    std::fs::copy(pki.path("next-server.pem"), pki.path("server.pem")).unwrap();
-    std::fs::copy(pki.path("next-server.key"), pki.path("server.key")).unwrap();
+    let (pki, tracker, frontend) = rotation_start().await;
+    let env = |ca: &str| rotation_env(&pki, ca);
+    rotate(&pki);
     let tries = 4 * BOUND.as_secs() / response_plane::TLS_WATCH_INTERVAL.as_secs();
     let mut served = false;
     for _ in 0..tries {

@@ -10,18 +10,16 @@ use runtime_glue::{ResponseService, Role, ServiceConfig};
 use velo_tls::testing::TestPki;
 
 fn env(pki: &TestPki, plane: &str) -> Vec<(&'static str, String)> {
-    let p = |n: &str| pki.path(n).display().to_string();
-    vec![
+    let mut vars = pki.mutual_tls_env();
+    vars.extend([
         ("DYN_RESPONSE_PLANE", plane.to_owned()),
         ("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1".to_owned()),
-        ("DYN_TCP_TLS_CERT_PATH", p("server.pem")),
-        ("DYN_TCP_TLS_KEY_PATH", p("server.key")),
-        ("DYN_TCP_TLS_CA_CERT_PATH", p("ca.pem")),
-        ("DYN_TCP_TLS_CLIENT_CERT_PATH", p("client.pem")),
-        ("DYN_TCP_TLS_CLIENT_KEY_PATH", p("client.key")),
-        ("DYN_TCP_TLS_CLIENT_CA_CERT_PATH", p("ca.pem")),
-        ("DYN_VELO_CLUSTER_SECRET_PATH", p("secret")),
-    ]
+        (
+            "DYN_VELO_CLUSTER_SECRET_PATH",
+            pki.path("secret").display().to_string(),
+        ),
+    ]);
+    vars
 }
 
 fn config(vars: Vec<(&'static str, String)>) -> Result<ServiceConfig, response_plane::ConfigError> {

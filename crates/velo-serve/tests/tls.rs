@@ -10,18 +10,15 @@ use velo_tls::testing::TestPki;
 
 /// The plane `name` with mutual TLS and a cluster secret, as the environment would set it.
 fn secured(pki: &TestPki, name: &str) -> ResponsePlaneConfig {
-    let p = |n: &str| pki.path(n).display().to_string();
-    let vars = [
+    let mut vars = pki.mutual_tls_env();
+    vars.extend([
         ("DYN_RESPONSE_PLANE", name.to_owned()),
         ("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1".to_owned()),
-        ("DYN_TCP_TLS_CERT_PATH", p("server.pem")),
-        ("DYN_TCP_TLS_KEY_PATH", p("server.key")),
-        ("DYN_TCP_TLS_CA_CERT_PATH", p("ca.pem")),
-        ("DYN_TCP_TLS_CLIENT_CERT_PATH", p("client.pem")),
-        ("DYN_TCP_TLS_CLIENT_KEY_PATH", p("client.key")),
-        ("DYN_TCP_TLS_CLIENT_CA_CERT_PATH", p("ca.pem")),
-        ("DYN_VELO_CLUSTER_SECRET_PATH", p("secret")),
-    ];
+        (
+            "DYN_VELO_CLUSTER_SECRET_PATH",
+            pki.path("secret").display().to_string(),
+        ),
+    ]);
     ResponsePlaneConfig::from_lookup(|v| vars.iter().find(|(k, _)| *k == v).map(|(_, x)| x.clone()))
         .expect("a valid TLS configuration")
 }

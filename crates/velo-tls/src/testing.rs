@@ -47,6 +47,21 @@ impl TestPki {
         self.dir.join(name)
     }
 
+    /// Dynamo's `DYN_TCP_TLS_*` variables for mutual TLS with these files: the frontend's
+    /// certificate and key, the CA its workers verify it with, the workers' client
+    /// certificate and key, and the CA the frontend verifies them with.
+    pub fn mutual_tls_env(&self) -> Vec<(&'static str, String)> {
+        let p = |name: &str| self.path(name).display().to_string();
+        vec![
+            ("DYN_TCP_TLS_CERT_PATH", p("server.pem")),
+            ("DYN_TCP_TLS_KEY_PATH", p("server.key")),
+            ("DYN_TCP_TLS_CA_CERT_PATH", p("ca.pem")),
+            ("DYN_TCP_TLS_CLIENT_CERT_PATH", p("client.pem")),
+            ("DYN_TCP_TLS_CLIENT_KEY_PATH", p("client.key")),
+            ("DYN_TCP_TLS_CLIENT_CA_CERT_PATH", p("ca.pem")),
+        ]
+    }
+
     /// Issues a new server certificate and key to `name.pem` / `name.key` (overwriting: a
     /// rotation). Returns the certificate in DER form.
     pub fn issue_server(&self, name: &str) -> Vec<u8> {
