@@ -368,3 +368,34 @@ async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
         frontend.shutdown().await;
     }
 }
+
+/// `DYN_TCP_TLS_SERVER_NAME` is the name a worker verifies the frontend's certificate under
+/// when it dials by IP: the certificate's name passes, any other is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_verifies_the_frontend_under_the_configured_server_name() {
+    let pki = TestPki::new();
+    let tracker = TaskTracker::new();
+    let env = mtls_env(&pki, "velo");
+    let frontend = FrontendPlane::bind(config(&env).unwrap(), tracker.clone())
+        .await
+        .unwrap();
+    let named = |name: &str| {
+        let mut env = env.clone();
+        env.push(("DYN_TCP_TLS_SERVER_NAME", name.to_owned()));
+        WorkerPlane::new(config(&env).unwrap(), tracker.clone()).unwrap()
+    };
+    assert_eq!(
+        one_stream(&frontend, &named("localhost")).await,
+        ["one", "two"]
+    );
+    let stranger = named("not-the-frontend.example");
+    let (info, _pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    let refused = tokio::time::timeout(BOUND, stranger.connect::<String>(&info))
+        .await
+        .unwrap();
+    let err = refused.map(|_| "a stream").unwrap_err();
+    assert!(err.to_string().contains("certificate"), "{err}");
+    frontend.shutdown().await;
+}
