@@ -160,12 +160,15 @@ pub fn udp_sockets_of(pids: &[u32]) -> u64 {
 /// Established TCP connections whose local port is `port` (the frontend's side of each), in
 /// the network namespace of process `pid`.
 pub fn established_on_port(pid: u32, port: u16) -> u64 {
+    tcp_on_port(&format!("/proc/{pid}/net"), port, |state| state == "01")
+}
+
+/// TCP sockets in `net_dir`'s `tcp` and `tcp6` tables whose local port is `port` and whose
+/// state (the hex code of `/proc/net/tcp`: `01` established, `0A` listening) `keep` accepts.
+pub fn tcp_on_port(net_dir: &str, port: u16, keep: impl Fn(&str) -> bool) -> u64 {
     let mut n = 0;
-    for table in [
-        format!("/proc/{pid}/net/tcp"),
-        format!("/proc/{pid}/net/tcp6"),
-    ] {
-        let Ok(text) = std::fs::read_to_string(&table) else {
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("{net_dir}/{table}")) else {
             continue;
         };
         for line in text.lines().skip(1) {
@@ -174,7 +177,7 @@ pub fn established_on_port(pid: u32, port: u16) -> u64 {
                 .get(1)
                 .and_then(|a| a.rsplit(':').next())
                 .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if f.get(3) == Some(&"01") && local_port == Some(port) {
+            if local_port == Some(port) && f.get(3).is_some_and(|s| keep(s)) {
                 n += 1;
             }
         }

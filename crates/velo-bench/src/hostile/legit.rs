@@ -153,21 +153,6 @@ fn rss_kib() -> i64 {
 
 /// Connections whose local port is `port` (the frontend's side), in any state but LISTEN.
 fn connections(port: u16) -> usize {
-    let mut n = 0;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let local_port = f
-                .get(1)
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if local_port == Some(port) && f.get(3) != Some(&"0A") {
-                n += 1;
-            }
-        }
-    }
-    n
+    let n = crate::procfs::tcp_on_port("/proc/net", port, |state| state != "0A");
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
