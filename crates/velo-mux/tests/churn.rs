@@ -85,16 +85,6 @@ fn opens_reset_before_their_first_item_count_and_streams_that_worked_do_not() {
     )
     .unwrap();
     assert_eq!(pair.frontend.stats().churn, 0);
-    let reset = |slot| {
-        [
-            open(slot, PROLOGUE),
-            Record::Error {
-                stream: StreamId::new(slot, 0),
-                code: ErrorCode::DROPPED,
-                message: String::new(),
-            },
-        ]
-    };
     for slot in 0..8 {
         inject(&mut pair, LaneId(0), &reset(slot)).unwrap();
     }
@@ -104,6 +94,18 @@ fn opens_reset_before_their_first_item_count_and_streams_that_worked_do_not() {
         "{err}"
     );
     assert_eq!(err.close_code(), Some(velo_wire::CloseCode::CHURN_LIMIT));
+}
+
+/// An OPEN in `slot` and its reset before any item: one unit of churn.
+fn reset(slot: u32) -> [Record; 2] {
+    [
+        open(slot, PROLOGUE),
+        Record::Error {
+            stream: StreamId::new(slot, 0),
+            code: ErrorCode::DROPPED,
+            message: String::new(),
+        },
+    ]
 }
 
 #[test]
@@ -132,16 +134,6 @@ fn a_prologue_over_the_cap_is_refused_on_both_sides() {
 #[test]
 fn the_churn_budget_refills_at_its_rate() {
     let mut pair = pair();
-    let reset = |slot| {
-        [
-            open(slot, PROLOGUE),
-            Record::Error {
-                stream: StreamId::new(slot, 0),
-                code: ErrorCode::DROPPED,
-                message: String::new(),
-            },
-        ]
-    };
     for slot in 0..8 {
         inject(&mut pair, LaneId(0), &reset(slot)).unwrap();
     }
