@@ -65,7 +65,7 @@ impl Mux {
             match frame {
                 Frame::Batch(batch) => {
                     self.stats.batches_received += 1;
-                    for record in batch.records() {
+                    for record in batch.records_copying_below(COPY_BELOW) {
                         self.stats.records_received += 1;
                         self.on_record(now, lane, record?)?;
                     }
@@ -371,7 +371,7 @@ impl Mux {
         }
         self.stats.payload_bytes_received += len;
         if !last || !payload.is_empty() {
-            r.queue.push_back(own_if_small(payload));
+            r.queue.push_back(payload);
             r.final_queued = last;
             if !r.readable_signalled {
                 r.readable_signalled = true;
@@ -517,8 +517,8 @@ impl Mux {
     }
 }
 
-/// Items below this many bytes are copied out of the receive buffer when queued; larger ones
-/// stay slices of it.
+/// Items below this many bytes are copied out of the receive buffer as their record is decoded
+/// ([`velo_wire::Batch::records_copying_below`]); larger ones stay slices of it.
 ///
 /// A slice keeps its whole buffer alive (a reader's 64 KiB, or a frame of up to 32 MiB), so
 /// a consumer that stops reading would hold a window of buffers for a window of small items:
@@ -526,12 +526,3 @@ impl Mux {
 /// at most 4 times their size (the read buffer is 64 KiB, larger frames get a buffer of
 /// their own). The copy costs ~16 ns per item (`cargo bench -p velo-mux`, 100 B items).
 pub const COPY_BELOW: usize = 16 * 1024;
-
-/// `payload` as an item that does not keep the receive buffer alive, if it is small.
-fn own_if_small(payload: Bytes) -> Bytes {
-    if payload.len() < COPY_BELOW {
-        Bytes::copy_from_slice(&payload)
-    } else {
-        payload
-    }
-}

@@ -475,3 +475,56 @@ fn without_eager_edges_even_the_prologue_waits_for_the_batch() {
     pair.advance(Duration::from_millis(5));
     assert!(pair.accepted.contains_key(&ticket));
 }
+
+#[test]
+fn a_small_item_is_copied_out_of_the_receive_buffer_and_a_large_one_is_a_slice_of_it() {
+    use bytes::BytesMut;
+    use velo_mux::COPY_BELOW;
+    use velo_wire::{Batch, Frame, Record};
+
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    let key = pair.frontend_key(ticket);
+    let lane = pair.worker.stream_lane(s).unwrap();
+    let stream = pair.worker.stream_wire_id(s).unwrap();
+    // Two items as the worker would send them, in one frame in one receive buffer (with room
+    // for the whole frame, as a lane reader reserves it, so decoding does not move it).
+    let small = Bytes::from(vec![1u8; 100]);
+    let large = Bytes::from(vec![2u8; COPY_BELOW]);
+    let mut buf = BytesMut::with_capacity(4 * COPY_BELOW);
+    Frame::Batch(Batch::from_records(&[
+        Record::Data {
+            stream,
+            seq: 0,
+            payload: small.clone(),
+        },
+        Record::Data {
+            stream,
+            seq: 1,
+            payload: large.clone(),
+        },
+    ]))
+    .encode(&mut buf);
+    let received = buf.as_ptr_range();
+    pair.frontend
+        .handle_input(pair.now, lane, &mut buf)
+        .unwrap();
+    let got: Vec<Bytes> = pair
+        .frontend_read(key)
+        .into_iter()
+        .filter_map(|r| match r {
+            Recv::Item(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![small, large]);
+    assert!(
+        !received.contains(&got[0].as_ptr()),
+        "a 100-byte item must not keep the receive buffer alive"
+    );
+    assert!(
+        received.contains(&got[1].as_ptr()),
+        "an item of COPY_BELOW bytes stays a slice of the receive buffer"
+    );
+}

@@ -47,12 +47,23 @@ impl Batch {
         &self.body
     }
 
-    /// The records, decoded lazily.
+    /// The records, decoded lazily; payloads are zero-copy slices of the body.
     pub fn records(&self) -> Records<'_> {
+        self.records_copying_below(0)
+    }
+
+    /// The records, decoded lazily; a `Data` or `Final` payload shorter than `limit` bytes is
+    /// copied into an allocation of its own (so it does not keep the body alive), longer ones
+    /// are slices of the body.
+    ///
+    /// Copying while decoding costs one allocation per small payload; slicing first and
+    /// copying afterwards would also touch the body's shared reference count twice.
+    pub fn records_copying_below(&self, limit: usize) -> Records<'_> {
         Records {
             body: &self.body,
             pos: 0,
             failed: false,
+            copy_below: limit,
         }
     }
 
@@ -68,6 +79,8 @@ pub struct Records<'a> {
     body: &'a Bytes,
     pos: usize,
     failed: bool,
+    /// Payloads shorter than this are copied, not sliced.
+    copy_below: usize,
 }
 
 impl Records<'_> {
@@ -86,11 +99,12 @@ impl Iterator for Records<'_> {
             return None;
         }
         // Nearly every record is a DATA record with small fields: decode those inline.
-        if let Some(r) = crate::record::decode_data_fast(self.body, &mut self.pos) {
+        if let Some(r) = crate::record::decode_data_fast(self.body, &mut self.pos, self.copy_below)
+        {
             return Some(Ok(r));
         }
         let r = Record::decode(self.body, &mut self.pos);
         self.failed = r.is_err();
-        Some(r)
+        Some(r.map(|r| r.owning_payload_below(self.copy_below)))
     }
 }

@@ -12,7 +12,8 @@ use crate::{CancelCode, ErrorCode, GoAwayCode, StreamId, Token, WireError};
 /// and `Credit`. All of them name the stream by the opener's [`StreamId`]. `Heartbeat` and
 /// `GoAway` concern the whole lane or connection and flow both ways.
 ///
-/// Payloads are [`Bytes`] slices of the received batch: decoding copies nothing.
+/// Payloads are [`Bytes`] slices of the received batch (decoding copies nothing), unless the
+/// batch is read with [`Batch::records_copying_below`](crate::Batch::records_copying_below).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     /// Opens a stream and carries its prologue.
@@ -184,6 +185,32 @@ pub fn open_len(stream: StreamId, ticket: u64, prologue_len: u32) -> usize {
 }
 
 impl Record {
+    /// This record with a `Data` or `Final` payload shorter than `limit` bytes copied into an
+    /// allocation of its own; other records unchanged.
+    pub(crate) fn owning_payload_below(self, limit: usize) -> Self {
+        match self {
+            Self::Data {
+                stream,
+                seq,
+                payload,
+            } if payload.len() < limit => Self::Data {
+                stream,
+                seq,
+                payload: Bytes::copy_from_slice(&payload),
+            },
+            Self::Final {
+                stream,
+                seq,
+                payload,
+            } if payload.len() < limit => Self::Final {
+                stream,
+                seq,
+                payload: Bytes::copy_from_slice(&payload),
+            },
+            other => other,
+        }
+    }
+
     /// The stream this record concerns, if any.
     pub fn stream(&self) -> Option<StreamId> {
         match self {
@@ -430,7 +457,7 @@ impl Cursor<'_> {
 /// moving `pos`) so the general decoder handles it, errors included. Same results as
 /// [`Record::decode`] for every input it accepts; the round-trip and malformed tests cover both.
 #[inline(always)]
-pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize) -> Option<Record> {
+pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize, copy_below: usize) -> Option<Record> {
     let b: &[u8] = body;
     let mut p = *pos;
     if *b.get(p)? != kind::DATA {
@@ -445,11 +472,16 @@ pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize) -> Option<Record> 
     if end > b.len() {
         return None;
     }
+    let payload = if len < copy_below {
+        Bytes::copy_from_slice(b.get(p..end)?)
+    } else {
+        body.slice(p..end)
+    };
     *pos = end;
     Some(Record::Data {
         stream: StreamId::new(slot, generation),
         seq,
-        payload: body.slice(p..end),
+        payload,
     })
 }
 

@@ -215,3 +215,45 @@ fn payloads_are_slices_of_the_received_buffer_not_copies() {
         "payload points into the batch body"
     );
 }
+
+#[test]
+fn records_copying_below_copies_short_payloads_and_slices_the_others() {
+    let s = StreamId::new(1, 0);
+    let data = |seq, len: usize| Record::Data {
+        stream: s,
+        seq,
+        payload: Bytes::from(vec![7u8; len]),
+    };
+    // A long varint (seq) takes the general decoder's path; the others the fast path.
+    let records = [
+        data(0, 10),
+        data(1, 200),
+        data(1 << 20, 10),
+        Record::Final {
+            stream: s,
+            seq: 3,
+            payload: Bytes::from_static(b"end"),
+        },
+    ];
+    let wire = encode_all(&[Frame::Batch(Batch::from_records(&records))]);
+    let mut src = BytesMut::from(&wire[..]);
+    let Some(Frame::Batch(batch)) = FrameDecoder::new(MAX).decode(&mut src).unwrap() else {
+        panic!("a batch");
+    };
+    let body = batch.body().as_ptr_range();
+    let decoded: Vec<Record> = batch
+        .records_copying_below(100)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(decoded, records, "copying changes no value");
+    let copied: Vec<bool> = decoded
+        .iter()
+        .map(|r| match r {
+            Record::Data { payload, .. } | Record::Final { payload, .. } => {
+                !body.contains(&payload.as_ptr())
+            }
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(copied, vec![true, false, true, true]);
+}
