@@ -90,7 +90,9 @@ impl Load {
 }
 
 /// Width of a time-series bucket.
-pub const BUCKET: Duration = Duration::from_millis(100);
+pub const BUCKET: Duration = Duration::from_millis(BUCKET_MS);
+/// [`BUCKET`] in milliseconds (what an item's bucket is computed with: a 64-bit division).
+pub const BUCKET_MS: u64 = 100;
 /// Most time-series buckets kept (one hour).
 const MAX_BUCKETS: usize = 36_000;
 /// No window is open (the value of [`Shared::window`]'s atomic).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::stats::Timings;
-use super::{BUCKET, FrontendOpts, MAX_BUCKETS, Shared};
+use super::{BUCKET_MS, FrontendOpts, MAX_BUCKETS, Shared};
 use crate::adapter::{BenchFrontend, BenchStream};
 use crate::reqplane::Request;
 
@@ -23,7 +23,7 @@ pub(super) async fn serve<F: BenchFrontend>(
     if let Some(step) = started {
         shared.pending(step, id, t0);
     }
-    let mut track = Track::new(shared.start, started);
+    let mut track = Track::new(shared.start, started, opts.osl);
     let outcome = one_request(plane, shared, opts, id, &mut track).await;
     shared.on_request_done();
     let ended = shared.window();
@@ -48,15 +48,23 @@ pub(super) struct Track {
 }
 
 impl Track {
-    fn new(start: Instant, started: Option<usize>) -> Self {
+    /// A request started in window `started` (if any) that expects `osl` items: its gaps are
+    /// kept in room made once, so recording an item allocates nothing.
+    fn new(start: Instant, started: Option<usize>, osl: u32) -> Self {
+        let keep_gaps = started.is_some();
+        let room = if keep_gaps {
+            usize::try_from(osl).unwrap_or(0)
+        } else {
+            0
+        };
         Self {
             start,
             window: started,
             window_tokens: 0,
             first_bucket: usize::MAX,
             buckets: Vec::new(),
-            gaps: Vec::new(),
-            keep_gaps: started.is_some(),
+            gaps: Vec::with_capacity(room),
+            keep_gaps,
             spilled: Vec::new(),
         }
     }
@@ -72,7 +80,8 @@ impl Track {
             self.window_tokens = 0;
         }
         self.window_tokens += tokens;
-        let bucket = usize::try_from((now - self.start).as_millis() / BUCKET.as_millis())
+        let since = u64::try_from((now - self.start).as_millis()).unwrap_or(u64::MAX);
+        let bucket = usize::try_from(since / BUCKET_MS)
             .unwrap_or(MAX_BUCKETS)
             .min(MAX_BUCKETS);
         if self.first_bucket == usize::MAX {
