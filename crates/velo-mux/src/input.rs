@@ -316,7 +316,7 @@ impl Mux {
             state: State::Open,
             lane,
             wire: id,
-            half: Half::Recv(RecvHalf::new(window)),
+            half: Half::Recv(RecvHalf::new(window, self.spare_queues.take())),
         };
         let Some(key) = self.streams.insert(stream, self.config.max_streams) else {
             refuse(self, CancelCode::TOO_MANY_STREAMS);

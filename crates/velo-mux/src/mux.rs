@@ -105,6 +105,8 @@ pub struct Mux {
     pub(crate) local_goaway: bool,
     /// The connection's churn budget (frontend).
     pub(crate) churn: crate::churn::ChurnBucket,
+    /// Receive queues of released streams, for the next accepted ones (frontend).
+    pub(crate) spare_queues: crate::spare::SpareQueues,
 }
 
 impl Mux {
@@ -122,6 +124,7 @@ impl Mux {
             peer_goaway: None,
             local_goaway: false,
             churn: crate::churn::ChurnBucket::new(config.churn, now),
+            spare_queues: crate::spare::SpareQueues::default(),
             config,
         }
     }
@@ -174,6 +177,12 @@ impl Mux {
         self.lanes
             .get(usize::from(lane.0))
             .map_or(0, |l| l.grant_list.capacity())
+    }
+
+    /// Frontend: receive queues of released streams kept for the next accepted ones (at most
+    /// 256, each of at most 64 items).
+    pub fn spare_queue_count(&self) -> usize {
+        self.spare_queues.len()
     }
 
     /// Whether the driver should read more input for `lane`: not while the bytes queued for

@@ -265,7 +265,13 @@ impl Mux {
             // A stream the worker ended kept its entry until now.
             l.clear_wire_slot(wire);
         }
-        self.streams.remove(key);
+        if let Some(Stream {
+            half: Half::Recv(r),
+            ..
+        }) = self.streams.remove(key)
+        {
+            self.spare_queues.give(r.queue);
+        }
     }
 
     /// Worker: whether the frontend has taken the stream (its ACCEPT arrived).

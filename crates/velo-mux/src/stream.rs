@@ -95,9 +95,10 @@ pub(crate) struct RecvHalf {
 }
 
 impl RecvHalf {
-    pub(crate) fn new(window: u32) -> Self {
+    /// A live stream's receive half; `queue` is empty (a kept one, or new).
+    pub(crate) fn new(window: u32, queue: VecDeque<Bytes>) -> Self {
         Self {
-            queue: VecDeque::new(),
+            queue,
             final_queued: false,
             end: None,
             end_delivered: false,

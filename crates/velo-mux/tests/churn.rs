@@ -142,3 +142,38 @@ fn the_churn_budget_refills_at_its_rate() {
     inject(&mut pair, LaneId(0), &reset(8)).unwrap();
     assert!(inject(&mut pair, LaneId(0), &reset(9)).is_err());
 }
+
+#[test]
+fn released_receive_queues_are_reused_by_the_next_streams_and_a_burst_keeps_at_most_the_bound() {
+    use velo_mux::SPARE_QUEUES;
+
+    let mut pair = Pair::new(velo_mux::testing::default_configs());
+    let burst = SPARE_QUEUES + 44;
+    let mut tickets = Vec::new();
+    for _ in 0..burst {
+        let (s, ticket) = pair.open_stream(PROLOGUE);
+        pair.worker_send(s, b"an item");
+        pair.worker_finish(s, b"");
+        tickets.push(ticket);
+    }
+    pair.drive();
+    for ticket in &tickets {
+        let key = pair.frontend_key(*ticket);
+        assert!(!pair.frontend_read(key).is_empty());
+        pair.frontend.release(pair.now, key);
+    }
+    assert_eq!(
+        pair.frontend.spare_queue_count(),
+        SPARE_QUEUES,
+        "{burst} released queues, at most {SPARE_QUEUES} kept"
+    );
+    for _ in 0..10 {
+        pair.open_stream(PROLOGUE);
+    }
+    pair.drive();
+    assert_eq!(
+        pair.frontend.spare_queue_count(),
+        SPARE_QUEUES - 10,
+        "each accepted stream took a kept queue"
+    );
+}
