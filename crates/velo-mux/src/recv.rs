@@ -56,7 +56,8 @@ impl Mux {
     /// one per item) and returns the end if it was reached. Returns `None` for an unknown key.
     ///
     /// When `out` is empty the queues are swapped, not copied: the reader takes the whole
-    /// queue in O(1) and hands back its own (empty, allocated) deque for the next items.
+    /// queue in O(1) and hands back its own (empty, allocated) deque for the next items; a
+    /// reader's unallocated deque is first replaced by a kept one (see [`Mux::give_queue`]).
     pub fn recv_all(
         &mut self,
         now: Instant,
@@ -73,6 +74,10 @@ impl Mux {
         let credited =
             u32::try_from(taken - usize::from(r.final_queued && taken > 0)).unwrap_or(u32::MAX);
         if out.is_empty() {
+            if out.capacity() == 0 {
+                // A reader's first take: hand the stream a kept queue, not an unallocated one.
+                *out = self.spare_queues.take();
+            }
             std::mem::swap(out, &mut r.queue);
         } else {
             out.extend(r.queue.drain(..));
@@ -90,6 +95,12 @@ impl Mux {
             self.consumed(now, key, lane, credited);
         }
         Some(end)
+    }
+
+    /// Frontend: a reader's queue it no longer needs (its stream was released), kept for the
+    /// next streams' readers within the same bound as released streams' queues.
+    pub fn give_queue(&mut self, queue: VecDeque<Bytes>) {
+        self.spare_queues.give(queue);
     }
 
     /// Frontend: asks the worker to finish the stream soon (graceful). Items keep coming until

@@ -176,4 +176,18 @@ fn released_receive_queues_are_reused_by_the_next_streams_and_a_burst_keeps_at_m
         SPARE_QUEUES - 10,
         "each accepted stream took a kept queue"
     );
+    // A reader taking its stream's items for the first time swaps in a kept queue too, and
+    // a reader done with its stream gives its queue back.
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.worker_send(s, b"an item");
+    pair.drive();
+    let key = pair.frontend_key(ticket);
+    let kept = pair.frontend.spare_queue_count();
+    let mut reader = std::collections::VecDeque::new();
+    pair.frontend.recv_all(pair.now, key, &mut reader);
+    assert_eq!(reader.len(), 1);
+    assert_eq!(pair.frontend.spare_queue_count(), kept - 1);
+    pair.frontend.release(pair.now, key);
+    pair.frontend.give_queue(reader);
+    assert_eq!(pair.frontend.spare_queue_count(), kept + 1);
 }

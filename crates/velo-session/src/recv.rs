@@ -109,8 +109,10 @@ impl RecvStream {
 impl Drop for RecvStream {
     fn drop(&mut self) {
         let key = self.key;
+        let items = std::mem::take(&mut self.items);
         self.peer.with(|st, now| {
             st.mux.release(now, key);
+            st.mux.give_queue(items);
             Peer::forget(st, key);
         });
     }
