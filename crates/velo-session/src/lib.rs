@@ -54,6 +54,7 @@ mod send;
 mod settings;
 mod stats;
 mod stream;
+mod wake_list;
 mod worker;
 
 pub use accept::{

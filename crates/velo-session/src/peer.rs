@@ -325,7 +325,7 @@ impl Peer {
         let to_wake = if st.to_wake.is_empty() {
             Vec::new()
         } else {
-            std::mem::take(&mut st.to_wake)
+            crate::wake_list::take(&mut st.to_wake)
         };
         let lost = if st.lost_opens.is_empty() {
             Vec::new()
@@ -336,9 +336,7 @@ impl Peer {
         if let (false, Some(on_lost)) = (lost.is_empty(), &self.inner.on_lost) {
             on_lost(self, lost);
         }
-        for w in to_wake {
-            w.wake();
-        }
+        crate::wake_list::wake_all(to_wake);
         if !incoming.is_empty() {
             self.deliver(incoming);
         }
