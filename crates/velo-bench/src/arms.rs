@@ -134,20 +134,25 @@ pub fn all() -> Vec<Arm> {
     arms
 }
 
-/// Arms run only when named in `--arms`, never by `all`: `dynamo-tcp-tls` (feature `peers`),
-/// Dynamo's classic plane with its own TLS, which CI's peer smoke run does not cover.
+/// Arms run only when named in `--arms`, never by `all`: `velo-tcp-5ms-lazy`, which shows what
+/// eager edges change, and `dynamo-tcp-tls` (feature `peers`), Dynamo's classic plane with its
+/// own TLS, which CI's peer smoke run does not cover.
 fn named_only() -> Vec<Arm> {
-    if !cfg!(feature = "peers") {
-        return Vec::new();
+    let mut arms = vec![Arm::ours(
+        "velo-tcp-5ms-lazy",
+        "diagnostic: velo-tcp-5ms without eager edges (prologue, first item and end wait for the batch)",
+    )];
+    if cfg!(feature = "peers") {
+        arms.push(
+            Arm::peer(
+                "dynamo-tcp-tls",
+                "dynamo-tcp with Dynamo's own TLS switched on by its DYN_TCP_TLS_* variables",
+                DYNAMO,
+            )
+            .with_tls(),
+        );
     }
-    vec![
-        Arm::peer(
-            "dynamo-tcp-tls",
-            "dynamo-tcp with Dynamo's own TLS switched on by its DYN_TCP_TLS_* variables",
-            DYNAMO,
-        )
-        .with_tls(),
-    ]
+    arms
 }
 
 /// The peer arms (feature `peers`).
@@ -243,6 +248,7 @@ pub fn our_config_at(name: &str, host: IpAddr) -> Result<(ResponsePlaneConfig, b
         "velo-tcp-5ms" => (velo(VeloTransport::Tcp, five), false),
         "velo-tcp-greedy" => (velo(VeloTransport::Tcp, Batching::Greedy), false),
         "velo-tcp-pass" => (velo(VeloTransport::Tcp, five), true),
+        "velo-tcp-5ms-lazy" => (velo(VeloTransport::Tcp, five).eager_edges(false), false),
         "velo-ucx" => (velo(VeloTransport::Ucx, five), true),
         "tcp" => (ResponsePlaneConfig::builder().plane(Plane::Classic), false),
         "velo-tcp-5ms-tls" => (velo(VeloTransport::Tcp, five).tls(tls_from_env()), false),
@@ -290,4 +296,29 @@ pub fn tls_env(pki: &velo_tls::testing::TestPki) -> Vec<(&'static str, String)> 
         (response_plane::ENV_TLS_KEY_PATH, p("server.key")),
         (response_plane::ENV_TLS_CA_CERT_PATH, p("ca.pem")),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_arm_of_ours_without_tls_has_a_configuration_and_lazy_edges_only_by_name() {
+        let mut arms = all();
+        arms.extend(named_only());
+        for arm in arms
+            .iter()
+            .filter(|a| a.runner == Runner::Ours && !a.tls && a.name != "velo-ucx")
+        {
+            assert!(
+                our_config(arm.name).is_ok(),
+                "{}: no configuration",
+                arm.name
+            );
+        }
+        let (lazy, _) = our_config("velo-tcp-5ms-lazy").unwrap();
+        assert!(!lazy.eager_edges());
+        assert!(all().iter().all(|a| a.name != "velo-tcp-5ms-lazy"));
+        assert_eq!(select("velo-tcp-5ms-lazy").unwrap().len(), 1);
+    }
 }
