@@ -2,7 +2,16 @@
 
 /// CPU time (user + system) of process `pid`, in seconds, or 0 if it is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time (user + system) of the calling thread, in seconds.
+pub fn thread_cpu_seconds() -> f64 {
+    stat_cpu_seconds("/proc/thread-self/stat")
+}
+
+fn stat_cpu_seconds(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     // Fields after the command name (which may contain spaces) start at field 3.
     let after = stat.rsplit(')').next().unwrap_or_default();
     let f: Vec<&str> = after.split_whitespace().collect();
