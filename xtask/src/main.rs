@@ -14,6 +14,7 @@ mod fuzz;
 mod fuzz_smoke;
 mod layers;
 mod metadata;
+mod profile;
 mod serve_bench;
 mod soak;
 mod test_matrix;
@@ -67,6 +68,10 @@ Commands:
   hostile                  the hostile-peer suite: attacks on a TLS + secret frontend
                            over loopback beside a legitimate worker; one table (outcome,
                            peak connections and memory, the worker's success and ITL p99)
+  profile [--arm A] [--secs N]
+                           where the frontend's CPU goes per token at plane saturation:
+                           perf records arm A's frontend (velo-tcp-5ms) for N s (4); one
+                           table of layers, share of samples and ns per token (needs perf)
   help                     print this help
 
 Environment:
@@ -112,6 +117,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "serve-bench" => serve_bench::run(&serve_bench::Options::parse(rest)?)?,
         "faults" => faults::run(&faults::Options::parse(rest)?)?,
         "hostile" => hostile(rest)?,
+        "profile" => profile::run(&profile::Options::parse(rest)?)?,
         other => {
             eprint!("{HELP}");
             return Err(format!("unknown command `{other}`").into());
