@@ -21,6 +21,7 @@ enum CauseInner {
     MsgpackEncode(Arc<rmp_serde::encode::Error>),
     MsgpackDecode(Arc<rmp_serde::decode::Error>),
     Timeout(std::time::Duration),
+    TlsMismatch(TlsMismatch),
 }
 
 impl Cause {
@@ -60,6 +61,20 @@ impl Cause {
         Self(CauseInner::Timeout(after))
     }
 
+    pub(crate) fn tls_mismatch(m: TlsMismatch) -> Self {
+        Self(CauseInner::TlsMismatch(m))
+    }
+
+    /// Which TLS setting differs between this worker and the frontend, when that is why the
+    /// frontend could not be used (the classic plane's workers learn it from the frontend's
+    /// plaintext answer).
+    pub fn as_tls_mismatch(&self) -> Option<TlsMismatch> {
+        match &self.0 {
+            CauseInner::TlsMismatch(m) => Some(*m),
+            _ => None,
+        }
+    }
+
     /// Whether the cause is a deadline that passed (a connect or handshake timeout).
     pub fn is_timeout(&self) -> bool {
         match &self.0 {
@@ -88,6 +103,7 @@ impl Cause {
             CauseInner::Json(e) => &**e,
             CauseInner::MsgpackEncode(e) => &**e,
             CauseInner::MsgpackDecode(e) => &**e,
+            CauseInner::TlsMismatch(m) => m,
             CauseInner::Timeout(_) => return None,
         })
     }
@@ -123,6 +139,27 @@ impl PartialEq for Cause {
 }
 
 impl Eq for Cause {}
+
+/// A TLS/plaintext mismatch between a worker and the frontend it dialed: each side's
+/// configuration is valid, but they disagree (Dynamo's `DYN_TCP_TLS_*` set on one side only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsMismatch {
+    /// This worker dialed in plaintext and the frontend requires TLS: the worker needs
+    /// `DYN_TCP_TLS_CA_CERT_PATH` (or `DYN_TCP_TLS_INSECURE`).
+    #[error(
+        "the frontend requires TLS and this worker connected in plaintext \
+         (set DYN_TCP_TLS_CA_CERT_PATH on the worker)"
+    )]
+    FrontendRequiresTls,
+    /// This worker began a TLS handshake and the frontend answered in plaintext: the
+    /// frontend has no TLS (`DYN_TCP_TLS_CERT_PATH` and `DYN_TCP_TLS_KEY_PATH` unset there).
+    #[error(
+        "the frontend answered the TLS handshake in plaintext: it has no TLS \
+         (set DYN_TCP_TLS_CERT_PATH and DYN_TCP_TLS_KEY_PATH on the frontend)"
+    )]
+    FrontendAnsweredPlaintext,
+}
 
 /// Why a stream was lost before it ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

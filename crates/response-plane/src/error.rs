@@ -8,7 +8,7 @@ use velo_session::StreamError;
 pub use velo_wire::ErrorCode;
 
 use crate::Plane;
-pub use crate::cause::{Cause, Disconnect, InvalidInfo, ProtocolViolation};
+pub use crate::cause::{Cause, Disconnect, InvalidInfo, ProtocolViolation, TlsMismatch};
 
 /// A worker's typed reason for refusing a request, carried in its error prologue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

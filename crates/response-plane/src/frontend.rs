@@ -67,6 +67,8 @@ struct Inner {
     instance: velo_wire::InstanceId,
     refused: Arc<AtomicU64>,
     wrong_worker: Arc<AtomicU64>,
+    /// Classic connections refused for a TLS/plaintext mismatch.
+    tls_mismatches: Arc<AtomicU64>,
     security: Security,
     /// The TLS file watch (stopped with the plane).
     watch: crate::watch::Watch,
@@ -107,6 +109,7 @@ impl FrontendPlane {
         let registry = Arc::new(Registry::new());
         let refused = Arc::new(AtomicU64::new(0));
         let wrong_worker = Arc::new(AtomicU64::new(0));
+        let tls_mismatches = Arc::new(AtomicU64::new(0));
         let security = Security::frontend(&config)?;
         // Dynamo's rule: this host's routable address unless told otherwise, never every
         // interface (an unspecified host is refused when the configuration is built).
@@ -121,6 +124,7 @@ impl FrontendPlane {
                     liveness,
                     tls: security.server.clone(),
                     wrong_worker: wrong_worker.clone(),
+                    tls_mismatches: tls_mismatches.clone(),
                 };
                 let f = ClassicFrontend::bind(bind, accept, tracker.clone())
                     .await
@@ -156,6 +160,7 @@ impl FrontendPlane {
                 instance,
                 refused,
                 wrong_worker,
+                tls_mismatches,
                 security,
                 watch,
                 registered: AtomicU64::new(0),
@@ -235,6 +240,7 @@ impl FrontendPlane {
             stream_setup_failures: self.inner.failed.load(Ordering::Relaxed),
             arrivals_refused: self.inner.refused.load(Ordering::Relaxed),
             arrivals_wrong_worker: self.inner.wrong_worker.load(Ordering::Relaxed),
+            classic_tls_mismatches: self.inner.tls_mismatches.load(Ordering::Relaxed),
             stream_errors: self.inner.streams.errors(),
             streams_in_flight: self.inner.streams.in_flight(),
             ..PlaneStats::default()

@@ -97,7 +97,8 @@ pub use config::{
     Plane, ResponsePlaneConfig, ResponsePlaneConfigBuilder, VeloTransport,
 };
 pub use error::{
-    Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TypedError,
+    Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TlsMismatch,
+    TypedError,
 };
 pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;

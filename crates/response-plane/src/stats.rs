@@ -50,6 +50,10 @@ plane_counters! {
     /// their registration was tied to, whatever token they carried (also in
     /// `arrivals_refused`).
     arrivals_wrong_worker,
+    /// Frontend, classic plane: connections refused because their worker spoke plaintext to
+    /// this TLS listener, or began TLS with this plaintext one; each was told so in a
+    /// plaintext control message (the velo plane counts them in `handshake`).
+    classic_tls_mismatches,
     /// Worker, classic plane: streams the frontend asked to stop or killed, each once.
     classic_cancellations,
     /// Streams that ended with an error after they were set up (cancellations aside).

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use response_plane::{
-    ConfigError, ConnectionInfo, FrontendPlane, RegisterOptions, ResponsePlaneConfig, StartError,
-    WorkerPlane,
+    ConfigError, ConnectionInfo, FrontendPlane, RegisterOptions, ResponseError,
+    ResponsePlaneConfig, StartError, TlsMismatch, WorkerPlane,
 };
 use tokio_util::task::TaskTracker;
 use velo_tls::testing::TestPki;
@@ -353,7 +353,8 @@ async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
         {
             Err(e) => assert!(e.to_string().contains("requires TLS"), "{plane}: {e}"),
             Ok(mut s) => {
-                // The classic worker learns only when the frontend drops the connection.
+                // A classic worker learns it from the frontend's answer, after its connect
+                // (`a_plaintext_classic_worker_is_told_the_frontend_requires_tls`).
                 let _ = s.send_prologue(Ok(())).await;
             }
         }
@@ -362,11 +363,92 @@ async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
             .unwrap()
             .unwrap_err();
         assert!(
-            matches!(err, response_plane::ResponseError::ResponseTimeout { .. }),
+            matches!(err, ResponseError::ResponseTimeout { .. }),
             "{plane}: {err}"
         );
         frontend.shutdown().await;
     }
+}
+
+/// The first error a classic stream meets on its way up (connect, prologue, finish): one
+/// there must be, and soon.
+async fn classic_setup_error(worker: &WorkerPlane, info: &ConnectionInfo) -> ResponseError {
+    let attempt = async {
+        let mut s = worker.connect::<String>(info).await?;
+        s.send_prologue(Ok(())).await?;
+        s.finish().await
+    };
+    let outcome = tokio::time::timeout(BOUND, attempt).await;
+    outcome.expect("a mismatch is never a hang").unwrap_err()
+}
+
+/// `err` is a frontend the worker cannot use, for the TLS mismatch `want`.
+fn assert_tls_mismatch(err: &ResponseError, want: TlsMismatch) {
+    let ResponseError::Unreachable { cause, .. } = err else {
+        panic!("expected the frontend to be unusable, got: {err}");
+    };
+    assert_eq!(cause.as_tls_mismatch(), Some(want), "{err}");
+}
+
+/// Waits, bounded, until `frontend` has counted `n` classic TLS mismatches.
+async fn mismatches_counted(frontend: &FrontendPlane, n: u64) {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while frontend.stats().classic_tls_mismatches < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the frontend never counted the mismatch"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(frontend.stats().classic_tls_mismatches, n);
+}
+
+/// Classic plane, a plaintext worker at a TLS frontend: the frontend sees a first byte that
+/// begins no TLS handshake, counts it and says "TLS required" in plaintext; the worker's
+/// stream fails with that typed cause (not a dropped connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_classic_worker_is_told_the_frontend_requires_tls() {
+    let pki = TestPki::new();
+    let tracker = TaskTracker::new();
+    let tls = config(&mtls_env(&pki, "tcp")).unwrap();
+    let frontend = FrontendPlane::bind(tls, tracker.clone()).await.unwrap();
+    let plain = config(&[("DYN_RESPONSE_PLANE", "tcp".into())]).unwrap();
+    let worker = WorkerPlane::new(plain, tracker.clone()).unwrap();
+    let (info, _pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    let err = classic_setup_error(&worker, &info).await;
+    assert_tls_mismatch(&err, TlsMismatch::FrontendRequiresTls);
+    assert!(err.to_string().contains("requires TLS"), "{err}");
+    mismatches_counted(&frontend, 1).await;
+    frontend.shutdown().await;
+    worker.close();
+}
+
+/// Classic plane, a TLS worker at a plaintext frontend: the frontend recognises the TLS
+/// record, counts it and answers with a plaintext refusal; the worker's handshake fails at
+/// once on it, with the typed cause "answered in plaintext".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_classic_worker_is_told_the_frontend_answered_in_plaintext() {
+    let pki = TestPki::new();
+    let tracker = TaskTracker::new();
+    let plain = config(&[("DYN_RESPONSE_PLANE", "tcp".into())]).unwrap();
+    let frontend = FrontendPlane::bind(plain, tracker.clone()).await.unwrap();
+    let tls = config(&[
+        ("DYN_RESPONSE_PLANE", "tcp".into()),
+        ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, "ca.pem")),
+    ])
+    .unwrap();
+    let worker = WorkerPlane::new(tls, tracker.clone()).unwrap();
+    let (info, _pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    let err = classic_setup_error(&worker, &info).await;
+    assert_tls_mismatch(&err, TlsMismatch::FrontendAnsweredPlaintext);
+    assert!(err.to_string().contains("plaintext"), "{err}");
+    mismatches_counted(&frontend, 1).await;
+    frontend.shutdown().await;
+    worker.close();
 }
 
 /// `DYN_TCP_TLS_SERVER_NAME` is the name a worker verifies the frontend's certificate under

@@ -21,6 +21,13 @@ pub(crate) const HEARTBEAT: u8 = 0x05;
 /// stream: from now on it reports the stream's end to its reader. A worker's finish counts
 /// as delivered only after this.
 pub(crate) const ACCEPTED: u8 = 0x12;
+/// Frontend to worker, in plaintext on a TLS listener instead of its TLS handshake: this
+/// frontend requires TLS (the worker's first byte began no TLS record).
+pub(crate) const REQUIRES_TLS: u8 = 0x13;
+/// Frontend to worker, in plaintext in answer to a TLS ClientHello: this frontend has no TLS.
+/// Its first byte (the length's, 1) is no TLS record type, so the worker's TLS handshake
+/// fails on it at once.
+pub(crate) const NO_TLS: u8 = 0x14;
 /// Frontend to worker: stop soon.
 pub(crate) const STOP: u8 = 0x10;
 /// Frontend to worker: stop now.

@@ -17,7 +17,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::conn::{Conn, ConnRead, ConnWrite};
-use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, KILL, PROLOGUE, SENTINEL, STOP};
+use super::frame::{
+    self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, KILL, NO_TLS, PROLOGUE, REQUIRES_TLS, SENTINEL,
+    STOP,
+};
+use super::mismatch;
 use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
 use crate::{Cause, Disconnect, ProtocolViolation, ResponseError, prologue};
@@ -31,6 +35,9 @@ const MIN_HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 const BACKLOG: u32 = 4096;
 /// Largest handshake message, in bytes.
 const MAX_HANDSHAKE: u32 = 1024;
+/// Longest a plaintext frontend waits for a TLS worker it refused to close first (a TLS
+/// frontend waits its TLS handshake timeout): Dynamo's default TLS handshake timeout.
+const REFUSAL_LINGER: Duration = velo_tls::DEFAULT_HANDSHAKE_TIMEOUT;
 
 #[derive(Deserialize)]
 struct Handshake {
@@ -60,6 +67,8 @@ pub(crate) struct Accept {
     pub(crate) tls: Option<Arc<velo_tls::ServerTls>>,
     /// Arrivals refused because they came from another worker than their registration's.
     pub(crate) wrong_worker: Arc<AtomicU64>,
+    /// Connections refused because their worker's TLS setting differs from this listener's.
+    pub(crate) tls_mismatches: Arc<AtomicU64>,
 }
 
 impl ClassicFrontend {
@@ -129,9 +138,24 @@ async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
         refused.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let Some(mut stream) = secure(stream, accept.tls.as_deref()).await else {
-        refused.fetch_add(1, Ordering::Relaxed);
-        return;
+    let mut stream = match secure(stream, accept.tls.as_deref()).await {
+        Secured::Conn(conn) => conn,
+        Secured::Plaintext(mut stream) => {
+            accept.tls_mismatches.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                "a plaintext classic worker at this TLS frontend: told TLS is required"
+            );
+            let linger = accept
+                .tls
+                .as_deref()
+                .map(velo_tls::ServerTls::handshake_timeout);
+            mismatch::refuse(&mut stream, REQUIRES_TLS, linger.unwrap_or(REFUSAL_LINGER)).await;
+            return;
+        }
+        Secured::Failed => {
+            refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
     };
     let mut buf = BytesMut::with_capacity(256);
     let wait = liveness.max(MIN_HANDSHAKE_WAIT);
@@ -141,7 +165,13 @@ async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
     )
     .await;
     let Ok(Ok((HANDSHAKE, body))) = read else {
-        refused.fetch_add(1, Ordering::Relaxed);
+        if accept.tls.is_none() && mismatch::is_client_hello(&buf) {
+            accept.tls_mismatches.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("a TLS classic worker at this plaintext frontend: told it has no TLS");
+            mismatch::refuse(&mut stream, NO_TLS, REFUSAL_LINGER).await;
+        } else {
+            refused.fetch_add(1, Ordering::Relaxed);
+        }
         return;
     };
     let Ok(h) = serde_json::from_slice::<Handshake>(&body) else {
@@ -185,27 +215,52 @@ async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
     }
 }
 
-/// The connection after its TLS handshake (under the TLS handshake timeout), or as it is
-/// without TLS; `None` when the handshake failed (a plaintext worker on a TLS listener, a
-/// certificate refused, a timeout).
-async fn secure(stream: TcpStream, tls: Option<&velo_tls::ServerTls>) -> Option<Conn> {
+/// A connection after its TLS handshake, or what stopped it.
+enum Secured {
+    /// Ready for the classic handshake: TLS done, or a plaintext listener.
+    Conn(Conn),
+    /// A TLS listener's worker began with a byte that starts no TLS handshake: it speaks
+    /// plaintext.
+    Plaintext(TcpStream),
+    /// The TLS handshake failed (a certificate refused, garbage, the connection lost) or
+    /// timed out.
+    Failed,
+}
+
+/// The connection after its TLS handshake, the first byte read (peeked) and the handshake
+/// both under the TLS handshake timeout; or as it is without TLS.
+async fn secure(stream: TcpStream, tls: Option<&velo_tls::ServerTls>) -> Secured {
     let Some(tls) = tls else {
-        return Some(Conn::Plain(stream));
+        return Secured::Conn(Conn::Plain(stream));
     };
     let timeout = tls.handshake_timeout();
-    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
-        Ok(Ok(s)) => Some(Conn::Tls(Box::new(
-            velo_tls::tokio_rustls::TlsStream::Server(s),
-        ))),
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "classic TLS handshake failed (a plaintext worker?)");
-            None
+    let handshake = async {
+        let mut first = [0u8; 1];
+        match stream.peek(&mut first).await {
+            Ok(1) if mismatch::begins_tls(first) => {}
+            Ok(1) => return Secured::Plaintext(stream),
+            Ok(_) => return Secured::Failed,
+            Err(e) => {
+                tracing::debug!(error = %e, "a classic connection failed before its TLS handshake");
+                return Secured::Failed;
+            }
         }
-        Err(_) => {
+        match tls.acceptor().accept(stream).await {
+            Ok(s) => Secured::Conn(Conn::Tls(Box::new(
+                velo_tls::tokio_rustls::TlsStream::Server(s),
+            ))),
+            Err(e) => {
+                tracing::debug!(error = %e, "classic TLS handshake failed");
+                Secured::Failed
+            }
+        }
+    };
+    tokio::time::timeout(timeout, handshake)
+        .await
+        .unwrap_or_else(|_| {
             tracing::debug!(?timeout, "classic TLS handshake timed out");
-            None
-        }
-    }
+            Secured::Failed
+        })
 }
 
 /// Sends a control message of `kind` (ACCEPTED, KILL) and flushes it; whether it went out.
@@ -398,6 +453,7 @@ mod tests {
             liveness: bound,
             tls: None,
             wrong_worker: Arc::default(),
+            tls_mismatches: Arc::default(),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();

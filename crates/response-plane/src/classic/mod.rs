@@ -10,6 +10,7 @@
 mod conn;
 pub(crate) mod frame;
 mod frontend;
+mod mismatch;
 mod socket;
 mod worker;
 

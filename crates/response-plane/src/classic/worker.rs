@@ -1,7 +1,7 @@
 //! Classic plane, worker side: a connection per stream, one write per item.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -13,10 +13,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::conn::{Conn, ConnRead, ConnWrite};
-use super::frame::{self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, PROLOGUE, SENTINEL, STOP};
+use super::frame::{
+    self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, PROLOGUE, REQUIRES_TLS, SENTINEL, STOP,
+};
+use super::mismatch;
 use super::socket::set_liveness;
 use crate::info::{StreamAddress, hex_token};
-use crate::{Cause, Disconnect, ResponseError};
+use crate::{Cause, Disconnect, ResponseError, TlsMismatch};
 
 /// Time to connect to the frontend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -43,6 +46,8 @@ pub(crate) struct ClassicControl {
     /// When the writer last wrote, in ms after the stream's epoch: heartbeats go out only
     /// after a third of the liveness bound without writes.
     last_write_ms: AtomicU64,
+    /// The frontend refused the connection for a TLS mismatch (it requires TLS).
+    mismatch: OnceLock<TlsMismatch>,
 }
 
 impl ClassicControl {
@@ -105,6 +110,13 @@ impl ClassicControl {
         if self.state.swap(KILLED, Ordering::AcqRel) != KILLED {
             self.changed.notify_waiters();
         }
+    }
+
+    /// The frontend refused the connection for `mismatch`: the stream ends, as a kill that
+    /// is no cancellation of work.
+    fn refused_for(&self, mismatch: TlsMismatch) {
+        let _ = self.mismatch.set(mismatch);
+        self.end();
     }
 
     fn raise(&self, to: u8, cancellations: &AtomicU64) {
@@ -184,7 +196,12 @@ impl ClassicDialer {
         set_liveness(&stream, self.liveness).map_err(unreachable)?;
         let stream = match &self.tls {
             None => Conn::Plain(stream),
-            Some(tls) => secure(stream, addr.addr, tls).await.map_err(unreachable)?,
+            Some(tls) => secure(stream, addr.addr, tls).await.map_err(|cause| {
+                ResponseError::Unreachable {
+                    addr: addr.addr,
+                    cause,
+                }
+            })?,
         };
         let (read, write) = stream.into_split().map_err(unreachable)?;
         let control = Arc::new(ClassicControl::default());
@@ -202,6 +219,7 @@ impl ClassicDialer {
         self.tracker.spawn(watch.run(read));
         let mut w = ClassicWriter {
             write,
+            addr: addr.addr,
             control,
             out: Vec::with_capacity(256),
             max: self.max,
@@ -224,6 +242,8 @@ pub(crate) struct ClassicWriter {
     /// Shared with the watcher, which writes heartbeats while this side is quiet (it holds
     /// only a weak reference: dropping the writer closes the connection's sending side).
     write: Arc<Mutex<ConnWrite>>,
+    /// The frontend's address.
+    addr: std::net::SocketAddr,
     control: Arc<ClassicControl>,
     out: Vec<u8>,
     max: u32,
@@ -244,9 +264,20 @@ impl ClassicWriter {
     /// One item, one write.
     pub(crate) async fn item(&mut self, item: &[u8]) -> Result<(), ResponseError> {
         if self.control.is_killed() {
-            return Err(ResponseError::Cancelled { graceful: false });
+            return Err(self.killed());
         }
         self.send_message(DATA, item).await
+    }
+
+    /// Why the frontend ended this stream: a kill, or a refusal of the connection.
+    fn killed(&self) -> ResponseError {
+        match self.control.mismatch.get() {
+            Some(m) => ResponseError::Unreachable {
+                addr: self.addr,
+                cause: Cause::tls_mismatch(*m),
+            },
+            None => ResponseError::Cancelled { graceful: false },
+        }
     }
 
     /// The sentinel, then the end of the connection's sending side; returns once the
@@ -268,12 +299,16 @@ impl ClassicWriter {
             .map_err(|e| ResponseError::lost(Cause::io(e)))?;
         match tokio::time::timeout(self.liveness, self.control.answered()).await {
             Ok(true) => Ok(()),
+            Ok(false) if self.control.mismatch.get().is_some() => Err(self.killed()),
             Ok(false) => Err(ResponseError::Disconnected(Disconnect::Closed)),
             Err(_) => Err(ResponseError::lost(Cause::timeout(self.liveness))),
         }
     }
 
     async fn send_message(&mut self, kind: u8, payload: &[u8]) -> Result<(), ResponseError> {
+        if self.control.mismatch.get().is_some() {
+            return Err(self.killed());
+        }
         let max = self.max;
         if payload.len() > max as usize {
             return Err(ResponseError::TooLarge {
@@ -300,7 +335,7 @@ impl ClassicWriter {
         // read at once; the bound covers a watcher that cannot run).
         let _ = tokio::time::timeout(VERDICT_WAIT, self.control.killed()).await;
         if self.control.is_killed() {
-            Err(ResponseError::Cancelled { graceful: false })
+            Err(self.killed())
         } else {
             Err(ResponseError::lost(Cause::io(e)))
         }
@@ -315,23 +350,27 @@ impl Drop for ClassicWriter {
 }
 
 /// `stream` after its TLS handshake with the frontend at `addr` (under the TLS handshake
-/// timeout).
+/// timeout); a frontend that answered in plaintext is named as such.
 async fn secure(
     stream: TcpStream,
     addr: std::net::SocketAddr,
     tls: &velo_tls::ClientTls,
-) -> std::io::Result<Conn> {
+) -> Result<Conn, Cause> {
     let connect = tls.connector().connect(tls.server_name(addr.ip()), stream);
     let timeout = tls.handshake_timeout();
     let s = tokio::time::timeout(timeout, connect)
         .await
-        .map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no TLS handshake within {timeout:?}"),
-            )
-        })?
-        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))?;
+        .map_err(|_| Cause::timeout(timeout))?
+        .map_err(|e| {
+            if mismatch::answered_in_plaintext(&e) {
+                Cause::tls_mismatch(TlsMismatch::FrontendAnsweredPlaintext)
+            } else {
+                Cause::io(std::io::Error::new(
+                    e.kind(),
+                    format!("TLS handshake failed: {e}"),
+                ))
+            }
+        })?;
     Ok(Conn::Tls(Box::new(
         velo_tls::tokio_rustls::TlsStream::Client(s),
     )))
@@ -378,6 +417,10 @@ impl Watch {
             () = heartbeats => false,
             ending = read_control(&mut read, &self.control, &self.cancellations) => {
                 self.control.raise(KILLED, &self.cancellations);
+                if self.control.mismatch.get().is_some() {
+                    // The connection is good for nothing: close it, the frontend waits.
+                    read.shutdown();
+                }
                 matches!(ending, Ending::Lost)
             }
             () = self.stop.cancelled() => {
@@ -479,6 +522,10 @@ async fn read_control(
             Ok(Some((ACCEPTED, _))) => {
                 control.accept();
                 continue;
+            }
+            Ok(Some((REQUIRES_TLS, _))) => {
+                control.refused_for(TlsMismatch::FrontendRequiresTls);
+                return Ending::Refused;
             }
             // A kill, or garbage: the stream is as good as killed.
             Ok(Some(_)) | Err(_) => return Ending::Refused,
