@@ -39,6 +39,15 @@ pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 /// error with its typed cause, far below this; the frontend holds each until the stream is
 /// taken, so a frame-sized (32 MiB) prologue per stream would let a peer pin gigabytes.
 pub const DEFAULT_MAX_PROLOGUE_LEN: u32 = 64 * 1024;
+/// Default cap on OPENs a frontend lane holds unanswered (neither accepted nor refused by
+/// the application yet): 4,096, above the ~2,700 smallest OPENs one 64 KiB read can carry, since
+/// a driver answers each read's OPENs before it reads again. Each pins its prologue
+/// (`max_prologue_len`) until answered.
+pub const DEFAULT_MAX_PENDING_OPENS: u32 = 4_096;
+/// Default cap on control bytes (records that carry no stream payload: ACCEPT, CANCEL,
+/// CREDIT, STOP, HEARTBEAT, GOAWAY) queued on one lane and not yet taken by its transport:
+/// 1 MiB. Input pauses at half of it; input that queues past it closes the lane.
+pub const DEFAULT_MAX_CONTROL_BYTES: usize = 1024 * 1024;
 /// Default idle timeout of a lane: a silent peer is declared lost after 10 s.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default delay before queued credit grants are flushed: 1 ms. Grants are returned when half
@@ -77,6 +86,8 @@ pub struct MuxConfig {
     pub(crate) idle_timeout: Duration,
     pub(crate) max_prologue_len: u32,
     pub(crate) churn: ChurnLimit,
+    pub(crate) max_pending_opens: u32,
+    pub(crate) max_control_bytes: usize,
 }
 
 impl MuxConfig {
@@ -95,6 +106,8 @@ impl MuxConfig {
                 idle_timeout: DEFAULT_IDLE_TIMEOUT,
                 max_prologue_len: DEFAULT_MAX_PROLOGUE_LEN,
                 churn: DEFAULT_CHURN_LIMIT,
+                max_pending_opens: DEFAULT_MAX_PENDING_OPENS,
+                max_control_bytes: DEFAULT_MAX_CONTROL_BYTES,
             },
         }
     }
@@ -148,6 +161,15 @@ impl MuxConfig {
     pub fn churn_limit(&self) -> ChurnLimit {
         self.churn
     }
+    /// Most OPENs a lane holds unanswered (frontend); past it an OPEN is refused.
+    pub fn max_pending_opens(&self) -> u32 {
+        self.max_pending_opens
+    }
+    /// Most control bytes queued on a lane; input pauses at half of it, and input that
+    /// queues past it closes the lane.
+    pub fn max_control_bytes(&self) -> usize {
+        self.max_control_bytes
+    }
 
     /// The same configuration with another lane count (a frontend adopts each worker's).
     ///
@@ -187,6 +209,9 @@ impl MuxConfig {
         }
     }
 }
+
+/// Least `max_control_bytes`: room for a few hundred control records.
+const MIN_CONTROL_BYTES: usize = 4096;
 
 /// Bytes of a frame reserved for headers when sizing the largest record: frame header (5),
 /// the longest record header (OPEN, 42) and slack.
@@ -252,6 +277,21 @@ impl MuxConfigBuilder {
     /// each of `burst` and `per_second` at least 1 (default: 1,024, then 256/s).
     pub fn churn_limit(mut self, limit: ChurnLimit) -> Self {
         self.config.churn = limit;
+        self
+    }
+    /// Most OPENs a frontend lane holds before the application answers them (ACCEPT or
+    /// CANCEL), `1..=2^24` (default 4,096); past it an OPEN is refused with CANCEL
+    /// `too_many_streams`, counted `pending_opens_refused` and as churn.
+    pub fn max_pending_opens(mut self, max: u32) -> Self {
+        self.config.max_pending_opens = max;
+        self
+    }
+    /// Most control bytes (ACCEPT, CANCEL, CREDIT, STOP, HEARTBEAT, GOAWAY) queued on a lane,
+    /// at least 4 KiB (default 1 MiB): input pauses at half of it
+    /// ([`Mux::wants_input`](crate::Mux::wants_input)); input that queues past it closes the
+    /// lane ([`LaneError::ControlQueueFull`](crate::LaneError), CLOSE `limit`).
+    pub fn max_control_bytes(mut self, max: usize) -> Self {
+        self.config.max_control_bytes = max;
         self
     }
 
@@ -335,6 +375,20 @@ impl MuxConfigBuilder {
             1,
             u32::MAX,
             "must be at least 1 per second",
+        )?;
+        range(
+            "max_pending_opens",
+            c.max_pending_opens,
+            1,
+            1 << 24,
+            "must be 1..=16777216",
+        )?;
+        range(
+            "max_control_bytes",
+            c.max_control_bytes,
+            MIN_CONTROL_BYTES,
+            usize::MAX,
+            "must be at least 4096 bytes",
         )?;
         c.flush.check()?;
         Ok(c)

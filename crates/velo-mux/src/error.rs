@@ -43,6 +43,13 @@ pub enum LaneError {
         /// The limit's rate.
         per_second: u32,
     },
+    /// Peer's fault: its input made this side queue more control records (ACCEPT, CANCEL,
+    /// CREDIT, ...) than `max_control_bytes` while it did not read them.
+    #[error("peer's input queued over {max} bytes of control records it does not read")]
+    ControlQueueFull {
+        /// The cap, `max_control_bytes`.
+        max: usize,
+    },
     /// I/O: the transport under the lane failed or ended.
     #[error("transport lost: {0}")]
     Transport(TransportEnd),
@@ -64,6 +71,7 @@ impl LaneError {
             Self::Protocol(_) => Some(CloseCode::PROTOCOL_ERROR),
             Self::IdleTimeout(_) => Some(CloseCode::IDLE_TIMEOUT),
             Self::ChurnLimit { .. } => Some(CloseCode::CHURN_LIMIT),
+            Self::ControlQueueFull { .. } => Some(CloseCode::LIMIT),
             Self::Local { code, .. } => Some(*code),
             // A stalled lane cannot carry a CLOSE frame either.
             Self::PeerClosed { .. } | Self::Transport(_) | Self::WriteStalled(_) => None,

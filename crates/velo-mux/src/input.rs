@@ -68,6 +68,7 @@ impl Mux {
                     for record in batch.records_copying_below(COPY_BELOW) {
                         self.stats.records_received += 1;
                         self.on_record(now, lane, record?)?;
+                        self.check_control_bytes(lane)?;
                     }
                 }
                 Frame::Close(close) => {
@@ -311,6 +312,11 @@ impl Mux {
                 (false, false) => {}
             }
         }
+        if self.pending_opens_full(lane) {
+            self.stats.pending_opens_refused += 1;
+            refuse(self, CancelCode::TOO_MANY_STREAMS);
+            return self.churned(now);
+        }
         let window = self.config.window;
         let stream = Stream {
             state: State::Open,
@@ -330,6 +336,7 @@ impl Mux {
             },
         );
         self.lanes[i].streams += 1;
+        self.opened_pending(lane);
         self.stats.streams_opened += 1;
         self.events.push_back(MuxEvent::Opened {
             stream: key,
@@ -504,6 +511,7 @@ impl Mux {
         {
             r.answered = true;
         }
+        self.answered(key);
         self.end_stream(key, Event::Violation, StreamEnd::Violation(reason));
         self.push_record(
             lane,

@@ -62,6 +62,9 @@ pub(crate) struct Lane {
     pub(crate) blocked: bool,
     /// Frontend: streams with unreturned credit, granted on the next sealed batch.
     pub(crate) grant_list: Vec<StreamKey>,
+    /// Frontend: streams opened on this lane that the application has not answered yet
+    /// (ACCEPT or CANCEL); at most `max_pending_opens`.
+    pub(crate) pending_opens: u32,
 }
 
 impl Lane {
@@ -82,6 +85,7 @@ impl Lane {
             signalled: false,
             blocked: false,
             grant_list: Vec::new(),
+            pending_opens: 0,
         }
     }
 
@@ -119,6 +123,11 @@ pub(crate) struct Tx {
     /// Sealed chunks waiting for the transport, and their total length.
     pub(crate) ready: VecDeque<Bytes>,
     pub(crate) ready_bytes: usize,
+    /// Control bytes (records carrying no stream payload) in the open batch.
+    pub(crate) control_open: usize,
+    /// Control bytes of each chunk in `ready`, in the same order, and their sum.
+    ready_control: VecDeque<usize>,
+    control_ready: usize,
     /// Records and batch count waiting in `ready`, for stats at hand-off.
     pub(crate) last_tx: Instant,
 }
@@ -140,6 +149,9 @@ impl Tx {
             rearm: false,
             ready: VecDeque::new(),
             ready_bytes: 0,
+            control_open: 0,
+            ready_control: VecDeque::new(),
+            control_ready: 0,
             last_tx: now,
         }
     }
@@ -147,6 +159,27 @@ impl Tx {
     /// Bytes held for the transport: the open batch plus sealed ones.
     pub(crate) fn buffered(&self) -> usize {
         self.out.len() + self.ready_bytes
+    }
+
+    /// Control bytes held for the transport (`max_control_bytes` bounds them).
+    pub(crate) fn control_bytes(&self) -> usize {
+        self.control_open + self.control_ready
+    }
+
+    /// Queues a sealed chunk holding `control` control bytes for the transport.
+    pub(crate) fn push_ready(&mut self, chunk: Bytes, control: usize) {
+        self.ready_bytes += chunk.len();
+        self.control_ready += control;
+        self.ready_control.push_back(control);
+        self.ready.push_back(chunk);
+    }
+
+    /// Takes the next sealed chunk for the transport.
+    pub(crate) fn pop_ready(&mut self) -> Option<Bytes> {
+        let chunk = self.ready.pop_front()?;
+        self.ready_bytes -= chunk.len();
+        self.control_ready -= self.ready_control.pop_front().unwrap_or(0);
+        Some(chunk)
     }
 
     /// Body bytes of the open batch.
@@ -202,10 +235,10 @@ impl Tx {
         let body = u32::try_from(body).expect("batches are capped below the frame limit");
         self.out[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(FrameKind::Batch, body));
         let chunk = self.out.split().freeze();
-        self.ready_bytes += chunk.len() + tail_len;
-        self.ready.push_back(chunk);
+        let control = std::mem::take(&mut self.control_open);
+        self.push_ready(chunk, control);
         if let Some(t) = tail {
-            self.ready.push_back(t);
+            self.push_ready(t, 0);
         }
         let records = self.records;
         self.open = false;
@@ -259,5 +292,8 @@ impl Tx {
         self.edge = false;
         self.ready.clear();
         self.ready_bytes = 0;
+        self.control_open = 0;
+        self.ready_control.clear();
+        self.control_ready = 0;
     }
 }

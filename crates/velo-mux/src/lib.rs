@@ -36,6 +36,8 @@
 //! | bound | setting | at the bound |
 //! |---|---|---|
 //! | streams per connection | `max_streams` (65,536) | worker: [`OpenError::TooManyStreams`]; frontend: the OPEN is refused with CANCEL |
+//! | OPENs a lane holds unanswered by the application (frontend) | `max_pending_opens` (4,096) | the OPEN is refused with CANCEL `too_many_streams` before any stream state is kept, counted `pending_opens_refused` and as churn |
+//! | control bytes queued per lane (ACCEPT, CANCEL, CREDIT, STOP, HEARTBEAT, GOAWAY; both sides) | `max_control_bytes` (1 MiB) | input pauses at half of it ([`Mux::wants_input`]); input that queues past it (one frame) closes the lane, CLOSE `limit` ([`LaneError::ControlQueueFull`]) |
 //! | items buffered per stream (frontend) | `window` (32) + the last item | the worker is out of credit and waits; more is a protocol violation of that stream |
 //! | bytes queued per lane (both sides) | `max_buffered_bytes` (4 MiB) | sends and large OPENs wait ([`Blocked::Lane`], [`OpenError::LaneFull`]); records under [`CHAIN_THRESHOLD`] that end or open a stream are always taken (at most one of each per stream); the driver stops reading input ([`Mux::wants_input`]), which could queue refusals |
 //! | a write in progress | `idle_timeout` (10 s) | the lane closes ([`LaneError::WriteStalled`]) |
@@ -66,6 +68,7 @@
 //! assert_eq!(got.len(), 1);
 //! ```
 
+mod caps;
 mod churn;
 mod config;
 mod error;
@@ -94,8 +97,9 @@ pub mod fuzzing;
 pub use churn::{ChurnLimit, DEFAULT_CHURN_LIMIT};
 pub use config::{
     ConfigError, DEFAULT_GRANT_DELAY, DEFAULT_IDLE_TIMEOUT, DEFAULT_LANES,
-    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_PROLOGUE_LEN, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW,
-    MuxConfig, MuxConfigBuilder, Side,
+    DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CONTROL_BYTES, DEFAULT_MAX_PENDING_OPENS,
+    DEFAULT_MAX_PROLOGUE_LEN, DEFAULT_MAX_STREAMS, DEFAULT_WINDOW, MuxConfig, MuxConfigBuilder,
+    Side,
 };
 pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError, TransportEnd};
 pub use event::MuxEvent;

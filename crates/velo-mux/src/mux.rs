@@ -186,16 +186,19 @@ impl Mux {
     }
 
     /// Whether the driver should read more input for `lane`: not while the bytes queued for
-    /// the peer on it are at [`MuxConfig::max_buffered_bytes`] (input can queue more: refused
-    /// OPENs, violations). A driver that gets `false` stops reading until
-    /// [`MuxEvent::LaneWritable`] (the peer read enough) or the lane closes, so a peer that
-    /// sends without reading cannot grow this side's queue.
+    /// the peer on it are at [`MuxConfig::max_buffered_bytes`], or its control bytes at half
+    /// of [`MuxConfig::max_control_bytes`] (input can queue more: refused OPENs, violations).
+    /// A driver that gets `false` stops reading until [`MuxEvent::LaneWritable`] (the peer
+    /// read enough) or the lane closes, so a peer that sends without reading cannot grow this
+    /// side's queue.
     pub fn wants_input(&mut self, lane: LaneId) -> bool {
         let max = self.config.max_buffered_bytes;
+        let max_control = self.config.max_control_bytes / 2;
         let Some(l) = self.lanes.get_mut(usize::from(lane.0)) else {
             return true;
         };
-        if l.state != LaneState::Up || l.tx.buffered() < max {
+        if l.state != LaneState::Up || (l.tx.buffered() < max && l.tx.control_bytes() < max_control)
+        {
             return true;
         }
         l.blocked = true;
@@ -349,18 +352,20 @@ impl Mux {
         let mut bytes = 0;
         let mut chunks = 0;
         while chunks < MAX_TRANSMIT_CHUNKS {
-            let Some(chunk) = l.tx.ready.pop_front() else {
+            let Some(chunk) = l.tx.pop_ready() else {
                 break;
             };
             bytes += chunk.len();
             chunks += 1;
             out.push(chunk);
         }
-        l.tx.ready_bytes -= bytes;
         l.tx.last_tx = now;
         l.writing_since.get_or_insert(now);
         self.stats.bytes_sent += bytes as u64;
-        if l.blocked && l.tx.buffered() <= self.config.max_buffered_bytes / 2 {
+        if l.blocked
+            && l.tx.buffered() <= self.config.max_buffered_bytes / 2
+            && l.tx.control_bytes() < self.config.max_control_bytes / 2
+        {
             l.blocked = false;
             self.events.push_back(MuxEvent::LaneWritable(lane));
         }
@@ -481,6 +486,9 @@ impl Mux {
             self.stats.record_flush(FlushReason::Size);
         }
         record.encode(&mut tx.out);
+        if crate::caps::is_control(record) {
+            tx.control_open += record.encoded_len();
+        }
         tx.records += 1;
         tx.urgent |= urgent;
         self.stats.records_sent += 1;
@@ -590,6 +598,7 @@ impl Mux {
                 self.end_undelivered(key, end);
             }
         }
+        self.forget_pending(lane);
         let l = &mut self.lanes[i];
         l.tx.discard();
         l.wire.clear();
@@ -599,8 +608,7 @@ impl Mux {
         if let (true, Some(code)) = (was_up, error.close_code()) {
             let mut buf = BytesMut::new();
             Frame::Close(Close::new(code, error.to_string())).encode(&mut buf);
-            l.tx.ready_bytes += buf.len();
-            l.tx.ready.push_back(buf.freeze());
+            l.tx.push_ready(buf.freeze(), 0);
         }
         self.stats.lanes_closed += 1;
         tracing::debug!(%lane, %error, "lane closed");

@@ -138,6 +138,7 @@ impl Mux {
                 if code != CancelCode::CANCELLED {
                     self.stats.streams_refused += 1;
                 }
+                self.answered(key);
                 self.push_control(now, lane, &Record::Cancel { stream: wire, code });
             }
             return;
@@ -145,6 +146,7 @@ impl Mux {
         r.queue.clear();
         r.final_queued = false;
         r.answered = true;
+        self.answered(key);
         let refused = code != CancelCode::CANCELLED;
         if refused {
             self.stats.streams_refused += 1;
@@ -172,6 +174,7 @@ impl Mux {
         if std::mem::replace(&mut r.answered, true) {
             return;
         }
+        self.answered(key);
         self.push_control(now, lane, &Record::Accept { stream: wire });
     }
 

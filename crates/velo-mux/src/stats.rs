@@ -123,6 +123,12 @@ counters! {
     churn,
     /// Frontend: lanes closed for going past the churn limit.
     churn_closes,
+    /// Frontend: OPENs refused because their lane held `max_pending_opens` unanswered (also
+    /// in `streams_refused` and `churn`).
+    pending_opens_refused,
+    /// Lanes closed because input queued more than `max_control_bytes` of control records
+    /// for a peer that does not read them.
+    control_queue_closes,
     /// Worker: streams the frontend asked to stop or cancelled, each counted once.
     remote_cancellations,
     /// Lanes that came up.

@@ -92,6 +92,8 @@ pub(crate) struct RecvHalf {
     pub(crate) stop_sent: bool,
     /// The OPEN was answered (ACCEPT or CANCEL sent): the worker knows whether we took it.
     pub(crate) answered: bool,
+    /// Not answered yet, and counted in its lane's pending opens (`max_pending_opens`).
+    pub(crate) pending: bool,
 }
 
 impl RecvHalf {
@@ -110,6 +112,7 @@ impl RecvHalf {
             in_grant_list: false,
             stop_sent: false,
             answered: false,
+            pending: true,
         }
     }
 

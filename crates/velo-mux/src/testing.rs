@@ -472,6 +472,8 @@ impl Mux {
     ///   (the worker can never have more than a window outstanding);
     /// - worker: no stream's credit exceeds its window;
     /// - every lane's load count equals its live streams;
+    /// - every lane up counts as pending opens exactly its unanswered streams, never more
+    ///   than `max_pending_opens`, and counts no more control bytes than it queues;
     /// - no lane buffers more than `max_buffered_bytes` plus one largest record plus one small
     ///   terminal record per stream (the documented overshoot).
     ///
@@ -510,6 +512,28 @@ impl Mux {
             }
         }
         for (i, l) in self.lanes.iter().enumerate() {
+            let pending = self
+                .streams
+                .iter()
+                .filter(|(_, s)| usize::from(s.lane.0) == i)
+                .filter(|(_, s)| matches!(&s.half, Half::Recv(r) if r.pending && !r.answered))
+                .count();
+            if l.state == LaneState::Up && l.pending_opens as usize != pending {
+                return Err(format!(
+                    "lane {i}: {} pending opens counted, {pending} unanswered streams",
+                    l.pending_opens
+                ));
+            }
+            if l.pending_opens > self.config.max_pending_opens {
+                return Err(format!("lane {i}: {} pending opens", l.pending_opens));
+            }
+            if l.tx.control_bytes() > l.tx.buffered() {
+                return Err(format!(
+                    "lane {i}: {} control bytes of {} queued",
+                    l.tx.control_bytes(),
+                    l.tx.buffered()
+                ));
+            }
             if l.state == LaneState::Up && l.streams != per_lane[i] {
                 return Err(format!(
                     "lane {i}: load {} but {} live streams",
