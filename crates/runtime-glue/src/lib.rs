@@ -33,6 +33,8 @@
 mod config;
 mod http;
 mod metrics;
+#[cfg(unix)]
+mod reload;
 mod service;
 pub mod shutdown;
 
@@ -68,6 +70,9 @@ pub enum StartupError {
         #[source]
         source: Arc<std::io::Error>,
     },
+    /// The SIGHUP handler that reloads the TLS files could not be installed.
+    #[error("cannot install the SIGHUP handler that reloads TLS files: {0}")]
+    Signal(#[source] Arc<std::io::Error>),
     /// The telemetry pipeline could not be built.
     #[error("cannot set up metrics")]
     Telemetry(#[source] Arc<opentelemetry_sdk::error::OTelSdkError>),

@@ -39,6 +39,9 @@ struct Inner {
     metrics_addr: Option<SocketAddr>,
     metrics_stop: CancellationToken,
     metrics_tracker: TaskTracker,
+    /// Stops the SIGHUP reload task (cancelled by shutdown, or when the service is dropped).
+    _reload_stop: tokio_util::sync::DropGuard,
+    reload_stop: CancellationToken,
 }
 
 impl ResponseService {
@@ -109,19 +112,28 @@ impl ResponseService {
             metrics = ?metrics_addr,
             "response plane started"
         );
-        Ok(Self {
-            inner: Arc::new(Inner {
-                config,
-                frontend,
-                worker,
-                tracker,
-                metrics,
-                accepting: AtomicBool::new(true),
-                metrics_addr,
-                metrics_stop,
-                metrics_tracker,
-            }),
-        })
+        let reload_stop = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            config,
+            frontend,
+            worker,
+            tracker,
+            metrics,
+            accepting: AtomicBool::new(true),
+            metrics_addr,
+            metrics_stop,
+            metrics_tracker,
+            _reload_stop: reload_stop.clone().drop_guard(),
+            reload_stop,
+        });
+        #[cfg(unix)]
+        if inner.config.response_plane().tls().is_enabled() {
+            let weak = Arc::downgrade(&inner);
+            let reload = move || weak.upgrade().map(|inner| inner.reload_tls());
+            crate::reload::on_sighup(reload, inner.reload_stop.clone(), &inner.tracker)
+                .map_err(|e| StartupError::Signal(Arc::new(e)))?;
+        }
+        Ok(Self { inner })
     }
 
     /// The configuration the service runs with.
@@ -202,20 +214,15 @@ impl ResponseService {
     /// Rereads the TLS files (`DYN_TCP_TLS_*`) of every plane this service runs: connections
     /// already up keep their session, new ones use the new certificates. The planes also
     /// reread them on their own when the files change
-    /// ([`TLS_WATCH_INTERVAL`](response_plane::TLS_WATCH_INTERVAL)). Nothing to do without TLS.
+    /// ([`TLS_WATCH_INTERVAL`](response_plane::TLS_WATCH_INTERVAL)), and a service with TLS
+    /// rereads them on SIGHUP. Nothing to do without TLS.
     ///
     /// # Errors
     ///
     /// The [`ConfigError`](response_plane::ConfigError) naming the variable whose file does
     /// not load; the certificates in use stay.
     pub fn reload_tls(&self) -> Result<(), response_plane::ConfigError> {
-        if let Some(f) = &self.inner.frontend {
-            f.reload_tls()?;
-        }
-        if let Some(w) = &self.inner.worker {
-            w.reload_tls()?;
-        }
-        Ok(())
+        self.inner.reload_tls()
     }
 
     /// Worker: the once-per-forward-pass flush hint.
@@ -230,6 +237,7 @@ impl ResponseService {
     /// cut short. Never hangs.
     pub async fn shutdown(&self) -> ShutdownReport {
         let inner = self.inner.clone();
+        inner.reload_stop.cancel();
         let stop = {
             let inner = inner.clone();
             Box::new(move || {
@@ -318,6 +326,16 @@ impl std::fmt::Debug for ResponseService {
 }
 
 impl Inner {
+    fn reload_tls(&self) -> Result<(), response_plane::ConfigError> {
+        if let Some(f) = &self.frontend {
+            f.reload_tls()?;
+        }
+        if let Some(w) = &self.worker {
+            w.reload_tls()?;
+        }
+        Ok(())
+    }
+
     fn streams_in_flight(&self) -> u64 {
         let f = self
             .frontend
