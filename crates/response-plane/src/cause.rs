@@ -71,6 +71,7 @@ impl Cause {
     pub fn as_tls_mismatch(&self) -> Option<TlsMismatch> {
         match &self.0 {
             CauseInner::TlsMismatch(m) => Some(*m),
+            CauseInner::Connect(e) => connect_tls_mismatch(e),
             _ => None,
         }
     }
@@ -106,6 +107,29 @@ impl Cause {
             CauseInner::TlsMismatch(m) => m,
             CauseInner::Timeout(_) => return None,
         })
+    }
+}
+
+/// The TLS mismatch a velo connect failed for: the TLS frontend's plaintext CLOSE (its one
+/// reason for a plaintext HELLO), or the plaintext answer the TLS transport met.
+fn connect_tls_mismatch(e: &velo_session::ConnectError) -> Option<TlsMismatch> {
+    use velo_session::ConnectError;
+    match e {
+        ConnectError::Refused { code, reason, .. }
+            if *code == velo_wire::CloseCode::BAD_HANDSHAKE
+                && reason == velo_session::TLS_REQUIRED_REASON =>
+        {
+            Some(TlsMismatch::FrontendRequiresTls)
+        }
+        ConnectError::Io { source, .. }
+            if source
+                .get_ref()
+                .is_some_and(|e| e.is::<velo_tls::PlaintextAnswer>()) =>
+        {
+            Some(TlsMismatch::FrontendAnsweredPlaintext)
+        }
+        ConnectError::BackingOff { last, .. } => connect_tls_mismatch(last),
+        _ => None,
     }
 }
 

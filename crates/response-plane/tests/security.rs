@@ -351,7 +351,10 @@ async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
             .await
             .unwrap()
         {
-            Err(e) => assert!(e.to_string().contains("requires TLS"), "{plane}: {e}"),
+            Err(e) => {
+                assert!(e.to_string().contains("requires TLS"), "{plane}: {e}");
+                assert_tls_mismatch(&e, TlsMismatch::FrontendRequiresTls);
+            }
             Ok(mut s) => {
                 // A classic worker learns it from the frontend's answer, after its connect
                 // (`a_plaintext_classic_worker_is_told_the_frontend_requires_tls`).
@@ -370,8 +373,8 @@ async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
     }
 }
 
-/// The first error a classic stream meets on its way up (connect, prologue, finish): one
-/// there must be, and soon.
+/// The first error a stream meets on its way up (connect, prologue, finish): one there must
+/// be, and soon.
 async fn classic_setup_error(worker: &WorkerPlane, info: &ConnectionInfo) -> ResponseError {
     let attempt = async {
         let mut s = worker.connect::<String>(info).await?;
@@ -425,30 +428,34 @@ async fn a_plaintext_classic_worker_is_told_the_frontend_requires_tls() {
     worker.close();
 }
 
-/// Classic plane, a TLS worker at a plaintext frontend: the frontend recognises the TLS
-/// record, counts it and answers with a plaintext refusal; the worker's handshake fails at
-/// once on it, with the typed cause "answered in plaintext".
+/// A TLS worker at a plaintext frontend, on either plane: the frontend recognises the TLS
+/// record and answers in plaintext (velo: a CLOSE; classic: a refusal message, counted); the
+/// worker's handshake fails at once on it, with the typed cause "answered in plaintext".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tls_classic_worker_is_told_the_frontend_answered_in_plaintext() {
+async fn a_tls_worker_is_told_the_frontend_answered_in_plaintext_on_either_plane() {
     let pki = TestPki::new();
-    let tracker = TaskTracker::new();
-    let plain = config(&[("DYN_RESPONSE_PLANE", "tcp".into())]).unwrap();
-    let frontend = FrontendPlane::bind(plain, tracker.clone()).await.unwrap();
-    let tls = config(&[
-        ("DYN_RESPONSE_PLANE", "tcp".into()),
-        ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, "ca.pem")),
-    ])
-    .unwrap();
-    let worker = WorkerPlane::new(tls, tracker.clone()).unwrap();
-    let (info, _pending) = frontend
-        .register::<String>(RegisterOptions::default())
+    for plane in ["velo", "tcp"] {
+        let tracker = TaskTracker::new();
+        let plain = config(&[("DYN_RESPONSE_PLANE", plane.into())]).unwrap();
+        let frontend = FrontendPlane::bind(plain, tracker.clone()).await.unwrap();
+        let tls = config(&[
+            ("DYN_RESPONSE_PLANE", plane.into()),
+            ("DYN_TCP_TLS_CA_CERT_PATH", path(&pki, "ca.pem")),
+        ])
         .unwrap();
-    let err = classic_setup_error(&worker, &info).await;
-    assert_tls_mismatch(&err, TlsMismatch::FrontendAnsweredPlaintext);
-    assert!(err.to_string().contains("plaintext"), "{err}");
-    mismatches_counted(&frontend, 1).await;
-    frontend.shutdown().await;
-    worker.close();
+        let worker = WorkerPlane::new(tls, tracker.clone()).unwrap();
+        let (info, _pending) = frontend
+            .register::<String>(RegisterOptions::default())
+            .unwrap();
+        let err = classic_setup_error(&worker, &info).await;
+        assert_tls_mismatch(&err, TlsMismatch::FrontendAnsweredPlaintext);
+        assert!(err.to_string().contains("plaintext"), "{plane}: {err}");
+        if plane == "tcp" {
+            mismatches_counted(&frontend, 1).await;
+        }
+        frontend.shutdown().await;
+        worker.close();
+    }
 }
 
 /// `DYN_TCP_TLS_SERVER_NAME` is the name a worker verifies the frontend's certificate under

@@ -58,6 +58,11 @@ pub trait RawLane: LaneRead + LaneWrite {
     }
 }
 
+/// The reason of the plaintext CLOSE (`bad_handshake`) a TLS listener answers a plaintext
+/// velo HELLO with: one text, so a worker can tell this refusal from any other.
+pub const TLS_REQUIRED_REASON: &str =
+    "this frontend requires TLS; the worker sent a plaintext HELLO";
+
 /// Why a transport's own handshake failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

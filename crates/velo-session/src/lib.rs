@@ -65,7 +65,9 @@ pub use auth::{ClusterSecret, MAX_SECRET_LEN, MIN_SECRET_LEN, SecretError};
 pub use error::{ConnectError, StreamError};
 pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings};
 pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};
-pub use io::{Dialer, EstablishError, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane};
+pub use io::{
+    Dialer, EstablishError, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane, TLS_REQUIRED_REASON,
+};
 pub use listening::{FrontendParts, ListeningFrontend, TransportControl};
 pub use peer::{Acceptor, Peer};
 pub use pump::CLOSE_GRACE;

@@ -76,7 +76,7 @@ impl TlsLane {
             Some(b) if b == FrameKind::Hello.to_byte() => {
                 self.state = State::Plain(stream);
                 Poll::Ready(Err(EstablishError::WrongProtocol(
-                    "this frontend requires TLS; the worker sent a plaintext HELLO",
+                    velo_session::TLS_REQUIRED_REASON,
                 )))
             }
             Some(b) => Poll::Ready(Err(io::Error::new(
@@ -181,7 +181,10 @@ pub(crate) async fn connect(
         Ok(Err(e)) => {
             let first = std::mem::take(&mut *first.lock().unwrap_or_else(PoisonError::into_inner));
             return Err(match plaintext_close(first) {
-                Some(reason) => io::Error::new(io::ErrorKind::ConnectionRefused, reason),
+                Some(detail) => io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    velo_tls::PlaintextAnswer { detail },
+                ),
                 None => io::Error::new(e.kind(), format!("TLS handshake failed: {e}")),
             });
         }

@@ -53,6 +53,16 @@ pub enum TlsError {
     },
 }
 
+/// A TLS client's handshake was answered in plaintext: the peer has no TLS. Transports put
+/// it inside the `io::Error` of a failed connect, so callers can tell it from other handshake
+/// failures (`io::Error::get_ref`, then `downcast_ref`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct PlaintextAnswer {
+    /// What the peer's plaintext answer said.
+    pub detail: String,
+}
+
 impl TlsError {
     /// What the failing file or setting holds: `"server certificate"`, `"server private
     /// key"`, `"client CA certificate"`, `"CA certificate"`, `"client certificate"`, `"client

@@ -46,7 +46,7 @@ pub mod testing;
 use std::sync::Arc;
 
 pub use client::{ClientIdentity, ClientTls, Trust};
-pub use error::TlsError;
+pub use error::{PlaintextAnswer, TlsError};
 pub use server::ServerTls;
 
 /// Re-exported so transports name one version of it.
