@@ -72,6 +72,32 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// `Ok` when `value` lies in `range`, else [`OutOfRange`](Self::OutOfRange) naming
+    /// `field`, the value and what is `allowed`: the check every configuration builder of the
+    /// stack makes.
+    ///
+    /// # Errors
+    ///
+    /// [`OutOfRange`](Self::OutOfRange) when `value` is outside `range`.
+    pub fn check_range<T: PartialOrd + std::fmt::Debug>(
+        field: &'static str,
+        value: T,
+        range: std::ops::RangeInclusive<T>,
+        allowed: &'static str,
+    ) -> Result<(), Self> {
+        if range.contains(&value) {
+            Ok(())
+        } else {
+            Err(Self::OutOfRange {
+                field,
+                value: format!("{value:?}"),
+                allowed,
+            })
+        }
+    }
+}
+
 /// The configuration of a [`Mux`](crate::Mux), checked when built.
 #[derive(Debug, Clone)]
 pub struct MuxConfig {
@@ -309,14 +335,7 @@ impl MuxConfigBuilder {
             hi: T,
             allowed: &'static str,
         ) -> Result<(), ConfigError> {
-            if v < lo || v > hi {
-                return Err(ConfigError::OutOfRange {
-                    field,
-                    value: format!("{v:?}"),
-                    allowed,
-                });
-            }
-            Ok(())
+            ConfigError::check_range(field, v, lo..=hi, allowed)
         }
         range("lanes", c.lanes, 1, velo_wire::MAX_LANES, "must be 1..=64")?;
         range("window", c.window, 1, 65_536, "must be 1..=65536 records")?;
