@@ -404,7 +404,8 @@ impl ResponsePlaneConfigBuilder {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::OutOfRange`] naming the setting, [`ConfigError::UcxNotCompiled`].
+    /// [`ConfigError::OutOfRange`] naming the setting (a UCX transport list without a
+    /// network transport among them, when UCX is compiled in), [`ConfigError::UcxNotCompiled`].
     pub fn build(self) -> Result<ResponsePlaneConfig, ConfigError> {
         let c = self.0;
         if c.plane == Plane::Velo && c.transport == VeloTransport::Ucx && !cfg!(feature = "ucx") {
@@ -425,23 +426,10 @@ impl ResponsePlaneConfigBuilder {
             });
         }
         for side in [velo_mux::Side::Frontend, velo_mux::Side::Worker] {
-            c.mux_builder(side).build().map_err(|e| match e {
-                velo_mux::ConfigError::OutOfRange {
-                    field,
-                    value,
-                    allowed,
-                } => ConfigError::OutOfRange {
-                    setting: field,
-                    value,
-                    allowed,
-                },
-                _ => ConfigError::OutOfRange {
-                    setting: "mux",
-                    value: e.to_string(),
-                    allowed: "a valid mux configuration",
-                },
-            })?;
+            c.mux_builder(side).build()?;
         }
+        #[cfg(feature = "ucx")]
+        crate::velo::ucx_builder(&c).build().map_err(ucx_setting)?;
         Ok(c)
     }
 }
@@ -532,6 +520,51 @@ pub enum ConfigError {
     UcxNotCompiled,
 }
 
+/// A setting of the layers below (mux, session, transport) outside its range: the same
+/// setting, value and allowed range, as the plane's own.
+impl From<velo_mux::ConfigError> for ConfigError {
+    fn from(e: velo_mux::ConfigError) -> Self {
+        match e {
+            velo_mux::ConfigError::OutOfRange {
+                field,
+                value,
+                allowed,
+            } => Self::OutOfRange {
+                setting: field,
+                value,
+                allowed,
+            },
+            _ => Self::OutOfRange {
+                setting: "transport",
+                value: e.to_string(),
+                allowed: "a valid transport configuration",
+            },
+        }
+    }
+}
+
+/// A refused UCX setting under the plane's name for it (only the lists can be refused: the
+/// rest are UCX's defaults).
+#[cfg(feature = "ucx")]
+fn ucx_setting(e: velo_mux::ConfigError) -> ConfigError {
+    match ConfigError::from(e) {
+        ConfigError::OutOfRange {
+            setting,
+            value,
+            allowed,
+        } => ConfigError::OutOfRange {
+            setting: match setting {
+                "tls" => "ucx_tls",
+                "net_devices" => "ucx_net_devices",
+                other => other,
+            },
+            value,
+            allowed,
+        },
+        other => other,
+    }
+}
+
 /// `d` in whole milliseconds (saturating).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -562,6 +595,21 @@ mod tests {
                 eager_edges: false,
                 ..velo_mux::FlushPolicy::greedy()
             }
+        );
+    }
+
+    #[test]
+    fn a_tls_handshake_bound_of_zero_is_refused_when_built() {
+        // The velo plane's TCP lanes would refuse it at start-up; the classic plane would
+        // fail every TLS handshake at once.
+        let tls = TlsConfig {
+            handshake_timeout: Duration::ZERO,
+            ..TlsConfig::default()
+        };
+        let err = ResponsePlaneConfig::builder().tls(tls).build().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid TLS handshake_timeout 0ns: must be from 1 ms to 300 s"
         );
     }
 

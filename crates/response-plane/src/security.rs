@@ -170,6 +170,11 @@ impl TlsConfig {
                 "is set, but frontends serve no TLS: set DYN_TCP_TLS_CERT_PATH and DYN_TCP_TLS_KEY_PATH",
             ));
         }
+        // The velo plane's TCP lanes take the same range (their establish bound).
+        let range = Duration::from_millis(1)..=Duration::from_secs(MAX_TLS_HANDSHAKE_SECS);
+        let allowed = "must be from 1 ms to 300 s";
+        let timeout = self.handshake_timeout;
+        velo_mux::ConfigError::check_range("TLS handshake_timeout", timeout, range, allowed)?;
         self.server()?;
         self.client()?;
         Ok(())

@@ -838,28 +838,29 @@ async fn classic_data_after_the_final_item_is_an_error() {
     assert!(err.is_remote());
 }
 
-/// Selecting UCX when UCX cannot start is a startup error that says so, on both sides.
+/// A UCX transport list without a network transport (no lane could connect) is refused when
+/// the configuration is built, naming the setting, before anything starts.
 #[cfg(feature = "ucx")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ucx_that_cannot_initialise_is_a_startup_error() {
-    // No network transport: no lane could connect.
-    let c = config(VELO_UCX)
+#[test]
+fn a_ucx_transport_list_that_cannot_carry_lanes_is_refused_when_built() {
+    let err = config(VELO_UCX)
         .to_builder()
         .ucx_tls(Some("sm,self".to_owned()))
         .build()
-        .unwrap();
-    let tracker = TaskTracker::new();
-    let err = FrontendPlane::bind(c.clone(), tracker.clone())
-        .await
         .unwrap_err();
-    assert!(matches!(err, response_plane::StartError::Ucx(_)), "{err}");
     assert!(
-        err.to_string().contains("UCX initialisation failed"),
+        matches!(
+            err,
+            response_plane::ConfigError::OutOfRange {
+                setting: "ucx_tls",
+                ..
+            }
+        ),
         "{err}"
     );
-    let err = WorkerPlane::new(c, tracker).unwrap_err();
     assert!(
-        err.to_string().contains("UCX initialisation failed"),
+        err.to_string()
+            .starts_with("invalid ucx_tls \"sm,self\": must name a network transport"),
         "{err}"
     );
 }

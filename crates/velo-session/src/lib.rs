@@ -73,9 +73,11 @@ pub use peer::{Acceptor, Peer};
 pub use pump::CLOSE_GRACE;
 pub use recv::{IncomingStream, RecvStream};
 pub use send::{SendStream, StreamWatch};
-pub use settings::SessionSettings;
+pub use settings::{SessionSettings, SessionSettingsBuilder};
 pub use stats::HandshakeStats;
 pub use stream::{StreamLane, poll_write_chunks};
+/// What a configuration builder of this crate (and of the transports above it) refuses.
+pub use velo_mux::ConfigError;
 pub use worker::{
     Backoff, DEFAULT_PREPARE_TIMEOUT, DEFAULT_READ_BUFFER, OpenStreamError, WorkerEndpoint,
     WorkerSettings, open_on, open_when_room,

@@ -51,7 +51,9 @@ use velo_session::{FrontendParts, HandshakeStats, ListeningFrontend, WorkerEndpo
 
 pub use config::{
     DEFAULT_BACKLOG, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS, DEFAULT_SOCKET_BUFFER, TcpConfig,
+    TcpConfigBuilder,
 };
+pub use velo_session::ConfigError;
 
 /// A frontend listening for worker lanes over TCP: velo-session's frontend over this crate's
 /// listener, with nothing running beside it.
@@ -71,20 +73,16 @@ pub async fn bind_frontend(
     let sock = socket::socket(addr, &cfg)?;
     sock.set_reuseaddr(true)?;
     sock.bind(addr)?;
-    let listener = sock.listen(cfg.backlog)?;
+    let listener = sock.listen(cfg.backlog())?;
     let local_addr = listener.local_addr()?;
     let listener = listener::TcpLaneListener {
         listener,
-        liveness: cfg.liveness,
-        tls: cfg.tls_server.clone(),
+        liveness: cfg.liveness(),
+        tls: cfg.tls_server().cloned(),
     };
-    let mut session = cfg.session.clone();
-    if let Some(tls) = &cfg.tls_server {
-        session.establish_timeout = tls.handshake_timeout();
-    }
     Ok(ListeningFrontend::new(
         frontend,
-        &session,
+        cfg.session(),
         listener,
         local_addr,
         (),
@@ -100,7 +98,7 @@ pub struct TcpWorker {
 impl TcpWorker {
     /// A worker whose connections have `mux.lanes()` lanes each; lane tasks run on `tracker`.
     pub fn new(mux: MuxConfig, cfg: TcpConfig, tracker: TaskTracker) -> Self {
-        let settings = cfg.session.worker(mux);
+        let settings = cfg.session().worker(mux);
         let dialer = move |addr| dialer::dial(cfg.clone(), addr);
         Self {
             endpoint: WorkerEndpoint::new(settings, Arc::new(dialer), tracker),

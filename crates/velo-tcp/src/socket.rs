@@ -20,14 +20,14 @@ pub(crate) fn socket(addr: SocketAddr, cfg: &TcpConfig) -> io::Result<TcpSocket>
     } else {
         TcpSocket::new_v6()?
     };
-    if let Some(n) = cfg.send_buffer {
+    if let Some(n) = cfg.send_buffer() {
         sock.set_send_buffer_size(n)?;
     }
-    if let Some(n) = cfg.recv_buffer {
+    if let Some(n) = cfg.recv_buffer() {
         sock.set_recv_buffer_size(n)?;
     }
     sock.set_nodelay(true)?;
-    set_liveness(SockRef::from(&sock), cfg.liveness)?;
+    set_liveness(SockRef::from(&sock), cfg.liveness())?;
     Ok(sock)
 }
 
@@ -58,10 +58,10 @@ mod tests {
 
     #[test]
     fn lane_sockets_give_up_on_a_vanished_peer_within_the_liveness_bound() {
-        let cfg = TcpConfig {
-            liveness: Some(Duration::from_secs(10)),
-            ..TcpConfig::default()
-        };
+        let cfg = TcpConfig::builder()
+            .liveness(Some(Duration::from_secs(10)))
+            .build()
+            .unwrap();
         let sock = socket("127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
         let s = SockRef::from(&sock);
         assert_eq!(s.tcp_user_timeout().unwrap(), Some(Duration::from_secs(10)));
@@ -69,10 +69,7 @@ mod tests {
         assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(3));
         assert_eq!(s.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
 
-        let off = TcpConfig {
-            liveness: None,
-            ..TcpConfig::default()
-        };
+        let off = TcpConfig::builder().liveness(None).build().unwrap();
         let sock = socket("127.0.0.1:0".parse().unwrap(), &off).unwrap();
         assert_eq!(SockRef::from(&sock).tcp_user_timeout().unwrap(), None);
     }

@@ -44,17 +44,11 @@ async fn prepare(w: &WorkerEndpoint, f: &TcpFrontend) -> Result<velo_session::Pe
 }
 
 fn server_cfg(tls: Arc<ServerTls>) -> TcpConfig {
-    TcpConfig {
-        tls_server: Some(tls),
-        ..TcpConfig::default()
-    }
+    TcpConfig::builder().tls_server(Some(tls)).build().unwrap()
 }
 
 fn client_cfg(tls: Arc<ClientTls>) -> TcpConfig {
-    TcpConfig {
-        tls_client: Some(tls),
-        ..TcpConfig::default()
-    }
+    TcpConfig::builder().tls_client(Some(tls)).build().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

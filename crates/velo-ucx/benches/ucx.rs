@@ -128,10 +128,11 @@ impl Front {
         match lanes {
             Lanes::Tcp => Self::Tcp(bind_tcp(addr, parts).await),
             Lanes::Ucx(engine) => {
-                let cfg = UcxConfig {
-                    engine,
-                    ..UcxConfig::loopback()
-                };
+                let cfg = UcxConfig::loopback()
+                    .to_builder()
+                    .engine(engine)
+                    .build()
+                    .unwrap();
                 Self::Ucx(velo_ucx::bind_frontend(addr, cfg, parts).await.unwrap())
             }
         }
@@ -166,10 +167,11 @@ fn worker_endpoint(
             )
         }
         Lanes::Ucx(engine) => {
-            let cfg = UcxConfig {
-                engine,
-                ..UcxConfig::loopback()
-            };
+            let cfg = UcxConfig::loopback()
+                .to_builder()
+                .engine(engine)
+                .build()
+                .unwrap();
             let w = UcxWorker::new(mux, cfg, tracker.clone()).unwrap();
             (w.endpoint().clone(), Some(w))
         }

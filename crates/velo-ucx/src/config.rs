@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use velo_session::SessionSettings;
+use velo_session::{ConfigError, SessionSettings};
 
 /// Default time a new lane has to complete its handshake: 5 s. UCX reports an unreachable
 /// frontend asynchronously (an endpoint error after `ucp_ep_create` returned), so the HELLO
@@ -30,29 +30,25 @@ pub enum ProgressEngine {
     Thread,
 }
 
+/// Close timeouts accepted: 1 ms..=1 h.
+const CLOSE_TIMEOUTS: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
+/// Lane queue bounds accepted, in bytes: 64 KiB..=16 GiB (below a frame or two, a lane
+/// would fail under a well-behaved peer).
+const LANE_QUEUE_BYTES: std::ops::RangeInclusive<usize> = 64 * 1024..=1 << 34;
+
 /// Settings of the UCX transport, shared by frontends and workers.
+///
+/// Valid by construction: build it with [`builder`](Self::builder), which checks every value;
+/// the getters read it. The default is valid.
 #[derive(Debug, Clone)]
 pub struct UcxConfig {
-    /// UCX transports (`UCX_TLS` syntax, for example `"tcp"` or `"rc,tcp"`), applied to this
-    /// transport's UCX context with `ucp_config_modify` so the process environment is left
-    /// alone. `None` keeps UCX's own setting: `UCX_TLS` from the environment, or UCX's default
-    /// (every transport; with peer-failure handling on, UCX then picks tcp or an RDMA
-    /// transport, never shared memory). A list without any network transport (for example
-    /// `"sm,self"`) is refused at start-up: the listener and peer-failure handling need one.
-    pub tls: Option<String>,
-    /// UCX devices (`UCX_NET_DEVICES` syntax, for example `"lo"` or `"mlx5_0:1"`), applied like
-    /// `tls`. Loopback tests set `"lo"` so no second rail over another interface is used.
-    pub net_devices: Option<String>,
-    /// Where the UCX worker is progressed.
-    pub engine: ProgressEngine,
-    /// Bound on flushing a closing lane before its endpoint is force-closed.
-    pub close_timeout: Duration,
-    /// Bytes received on a lane and not yet read that make the lane fail (peer's fault).
-    pub max_lane_queue_bytes: usize,
-    /// What velo-session takes: the handshake bound (which also bounds UCX connection setup,
-    /// [`DEFAULT_HANDSHAKE_TIMEOUT`] by default), the frontend's connection limit, the lane
-    /// reader's buffer, the worker's backoff.
-    pub session: SessionSettings,
+    tls: Option<String>,
+    net_devices: Option<String>,
+    engine: ProgressEngine,
+    close_timeout: Duration,
+    max_lane_queue_bytes: usize,
+    session: SessionSettings,
 }
 
 impl Default for UcxConfig {
@@ -63,15 +59,25 @@ impl Default for UcxConfig {
             engine: ProgressEngine::default(),
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
             max_lane_queue_bytes: DEFAULT_MAX_LANE_QUEUE_BYTES,
-            session: SessionSettings {
-                handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-                ..SessionSettings::default()
-            },
+            session: SessionSettings::builder()
+                .handshake_timeout(DEFAULT_HANDSHAKE_TIMEOUT)
+                .build()
+                .expect("the default handshake timeout is in range"),
         }
     }
 }
 
 impl UcxConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> UcxConfigBuilder {
+        UcxConfigBuilder(Self::default())
+    }
+
+    /// A builder starting from this configuration.
+    pub fn to_builder(&self) -> UcxConfigBuilder {
+        UcxConfigBuilder(self.clone())
+    }
+
     /// The defaults restricted to TCP over the loopback device (`UCX_TLS=tcp`,
     /// `UCX_NET_DEVICES=lo`): what tests and single-host benchmarks use, whatever the
     /// environment says.
@@ -81,6 +87,120 @@ impl UcxConfig {
             net_devices: Some("lo".to_owned()),
             ..Self::default()
         }
+    }
+
+    /// UCX transports of this transport's UCX context, if set (see
+    /// [`UcxConfigBuilder::tls`]).
+    pub fn tls(&self) -> Option<&str> {
+        self.tls.as_deref()
+    }
+    /// UCX devices of this transport's UCX context, if set (see
+    /// [`UcxConfigBuilder::net_devices`]).
+    pub fn net_devices(&self) -> Option<&str> {
+        self.net_devices.as_deref()
+    }
+    /// Where the UCX worker is progressed.
+    pub fn engine(&self) -> ProgressEngine {
+        self.engine
+    }
+    /// Bound on flushing a closing lane before its endpoint is force-closed.
+    pub fn close_timeout(&self) -> Duration {
+        self.close_timeout
+    }
+    /// Bytes received on a lane and not yet read that make the lane fail (peer's fault).
+    pub fn max_lane_queue_bytes(&self) -> usize {
+        self.max_lane_queue_bytes
+    }
+    /// What velo-session takes: the handshake bound (which also bounds UCX connection setup,
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`] by default), the frontend's limits, the lane reader's
+    /// buffer, the worker's backoff, secret and instance.
+    pub fn session(&self) -> &SessionSettings {
+        &self.session
+    }
+}
+
+/// Builds a [`UcxConfig`], starting from the defaults; [`build`](Self::build) checks every
+/// value.
+#[derive(Debug, Clone)]
+pub struct UcxConfigBuilder(UcxConfig);
+
+impl UcxConfigBuilder {
+    /// UCX transports (`UCX_TLS` syntax, for example `"tcp"` or `"rc,tcp"`), applied to this
+    /// transport's UCX context with `ucp_config_modify` so the process environment is left
+    /// alone. `None` (the default) keeps UCX's own setting: `UCX_TLS` from the environment
+    /// (checked at start-up), or UCX's default (every transport; with peer-failure handling
+    /// on, UCX then picks tcp or an RDMA transport, never shared memory). An empty list, or
+    /// one without any network transport (for example `"sm,self"`), is refused when built:
+    /// the listener and peer-failure handling need one.
+    pub fn tls(mut self, tls: Option<String>) -> Self {
+        self.0.tls = tls;
+        self
+    }
+    /// UCX devices (`UCX_NET_DEVICES` syntax, for example `"lo"` or `"mlx5_0:1"`), applied
+    /// like [`tls`](Self::tls); an empty list is refused when built. Loopback tests set
+    /// `"lo"` so no second rail over another interface is used.
+    pub fn net_devices(mut self, devices: Option<String>) -> Self {
+        self.0.net_devices = devices;
+        self
+    }
+    /// Where the UCX worker is progressed (default: a task).
+    pub fn engine(mut self, engine: ProgressEngine) -> Self {
+        self.0.engine = engine;
+        self
+    }
+    /// Bound on flushing a closing lane before its endpoint is force-closed, 1 ms..=1 h
+    /// (default 1 s).
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.0.close_timeout = timeout;
+        self
+    }
+    /// Bytes received on a lane and not yet read that make the lane fail (peer's fault),
+    /// 64 KiB..=16 GiB (default 256 MiB).
+    pub fn max_lane_queue_bytes(mut self, bytes: usize) -> Self {
+        self.0.max_lane_queue_bytes = bytes;
+        self
+    }
+    /// What velo-session takes (default: its defaults, with a [`DEFAULT_HANDSHAKE_TIMEOUT`]
+    /// handshake bound).
+    pub fn session(mut self, session: SessionSettings) -> Self {
+        self.0.session = session;
+        self
+    }
+
+    /// Checks every value.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::OutOfRange`] naming the first setting outside its range, its value and
+    /// what is allowed.
+    pub fn build(self) -> Result<UcxConfig, ConfigError> {
+        let c = self.0;
+        if let Some(tls) = c.tls.as_deref()
+            && (tls.trim().is_empty() || !names_network_transport(tls))
+        {
+            return Err(ConfigError::OutOfRange {
+                field: "tls",
+                value: format!("{tls:?}"),
+                allowed: NEEDS_NETWORK,
+            });
+        }
+        if c.net_devices
+            .as_deref()
+            .is_some_and(|d| d.trim().is_empty())
+        {
+            return Err(ConfigError::OutOfRange {
+                field: "net_devices",
+                value: format!("{:?}", c.net_devices.unwrap_or_default()),
+                allowed: "must name a device (such as `lo` or `mlx5_0:1`), or be None for \
+                          UCX's setting",
+            });
+        }
+        let timeout = "must be from 1 ms to 1 h";
+        ConfigError::check_range("close_timeout", c.close_timeout, CLOSE_TIMEOUTS, timeout)?;
+        let queue = "must be from 64 KiB to 16 GiB";
+        let bytes = c.max_lane_queue_bytes;
+        ConfigError::check_range("max_lane_queue_bytes", bytes, LANE_QUEUE_BYTES, queue)?;
+        Ok(c)
     }
 }
 
@@ -103,26 +223,22 @@ const LOCAL_ONLY: &[&str] = &[
     "gdr_copy",
 ];
 
-/// Checks a `UCX_TLS` value: `Err` with the reason when it names no network transport.
-/// Exclusion lists (`^sm`) and `all` keep the network transports and pass.
-pub(crate) fn check_transports(tls: &str) -> Result<(), String> {
+/// What a `UCX_TLS` list must do, as a refused configuration says.
+const NEEDS_NETWORK: &str = "must name a network transport (tcp or an RDMA transport): \
+                             velo-ucx's listener and peer-failure handling do not work over \
+                             shared memory";
+
+/// Whether a `UCX_TLS` value names a network transport. Exclusion lists (`^sm`), `all` and
+/// an empty value (UCX's default) keep the network transports and pass.
+pub(crate) fn names_network_transport(tls: &str) -> bool {
     let tls = tls.trim();
     if tls.is_empty() || tls.starts_with('^') {
-        return Ok(());
+        return true;
     }
-    let network = tls
-        .split(',')
+    tls.split(',')
         .map(|t| t.trim().split(':').next().unwrap_or_default())
         .filter(|t| !t.is_empty())
-        .any(|t| !LOCAL_ONLY.contains(&t));
-    if network {
-        Ok(())
-    } else {
-        Err(format!(
-            "UCX_TLS={tls} names no network transport: velo-ucx needs tcp or an RDMA \
-             transport (its listener and peer-failure handling do not work over shared memory)"
-        ))
-    }
+        .any(|t| !LOCAL_ONLY.contains(&t))
 }
 
 #[cfg(test)]
@@ -130,7 +246,7 @@ mod tests {
     use super::*;
 
     fn check(tls: &str, ok: bool) {
-        assert_eq!(check_transports(tls).is_ok(), ok, "{tls}");
+        assert_eq!(names_network_transport(tls), ok, "{tls}");
     }
 
     #[test]
@@ -145,18 +261,62 @@ mod tests {
         check("sm,self", false);
         check("self", false);
         check(" posix , sysv,cma ", false);
-        let why = check_transports("sm,self").unwrap_err();
+    }
+
+    /// What building with one setting changed says, as text.
+    fn refusal(change: impl FnOnce(UcxConfigBuilder) -> UcxConfigBuilder) -> String {
+        change(UcxConfig::builder())
+            .build()
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn a_transport_list_that_cannot_carry_a_lane_is_refused_when_built() {
+        let why = refusal(|b| b.tls(Some("sm,self".into())));
         assert!(
-            why.contains("UCX_TLS=sm,self names no network transport"),
+            why.starts_with("invalid tls \"sm,self\": must name a network transport"),
+            "{why}"
+        );
+        let empty = refusal(|b| b.tls(Some(" ".into())));
+        assert!(empty.starts_with("invalid tls \" \""), "{empty}");
+        UcxConfig::builder()
+            .tls(Some("rc,tcp".into()))
+            .build()
+            .expect("a network transport");
+    }
+
+    #[test]
+    fn an_empty_device_list_is_refused_when_built() {
+        let why = refusal(|b| b.net_devices(Some(String::new())));
+        assert!(
+            why.starts_with("invalid net_devices \"\": must name a device"),
             "{why}"
         );
     }
 
     #[test]
-    fn loopback_pins_tcp_over_lo() {
-        let c = UcxConfig::loopback();
-        assert_eq!(c.tls.as_deref(), Some("tcp"));
-        assert_eq!(c.net_devices.as_deref(), Some("lo"));
-        assert_eq!(UcxConfig::default().tls, None);
+    fn a_zero_close_timeout_is_refused() {
+        let why = refusal(|b| b.close_timeout(Duration::ZERO));
+        assert_eq!(why, "invalid close_timeout 0ns: must be from 1 ms to 1 h");
+    }
+
+    #[test]
+    fn a_lane_queue_bound_below_a_frame_is_refused() {
+        let why = refusal(|b| b.max_lane_queue_bytes(0));
+        assert_eq!(
+            why,
+            "invalid max_lane_queue_bytes 0: must be from 64 KiB to 16 GiB"
+        );
+    }
+
+    #[test]
+    fn the_defaults_and_loopback_are_valid_and_loopback_pins_tcp_over_lo() {
+        let c = UcxConfig::loopback().to_builder().build().unwrap();
+        assert_eq!(c.tls(), Some("tcp"));
+        assert_eq!(c.net_devices(), Some("lo"));
+        let d = UcxConfig::builder().build().unwrap();
+        assert_eq!(d.tls(), None);
+        assert_eq!(d.session().handshake_timeout(), DEFAULT_HANDSHAKE_TIMEOUT);
     }
 }

@@ -17,9 +17,17 @@ pub enum UcxError {
         /// UCX's status text.
         status: String,
     },
-    /// The configured transports cannot carry a lane.
-    #[error("UCX initialisation failed: {0}")]
-    Transports(String),
+    /// The transports `UCX_TLS` names in the environment cannot carry a lane (a
+    /// configured list is checked when the configuration is built).
+    #[error(
+        "UCX initialisation failed: UCX_TLS={tls} names no network transport: velo-ucx needs \
+         tcp or an RDMA transport (its listener and peer-failure handling do not work over \
+         shared memory)"
+    )]
+    Transports {
+        /// The environment's `UCX_TLS`.
+        tls: String,
+    },
     /// The UCX headers the bindings were generated from do not match the library loaded.
     #[error(
         "UCX initialisation failed: bindings generated from UCX {headers} headers but the \

@@ -45,11 +45,13 @@
 //!
 //! # Settings
 //!
-//! UCX reads its `UCX_*` environment as usual; [`UcxConfig::tls`] and
-//! [`UcxConfig::net_devices`] override `UCX_TLS` and `UCX_NET_DEVICES` for this transport's
-//! context only (`ucp_config_modify`). A transport list without a network transport (such as
-//! `sm,self`, which UCX would accept and then fail every connection with) is a start-up error,
-//! as is a UCX library older than the headers the bindings were generated from.
+//! UCX reads its `UCX_*` environment as usual; [`UcxConfigBuilder::tls`] and
+//! [`UcxConfigBuilder::net_devices`] override `UCX_TLS` and `UCX_NET_DEVICES` for this
+//! transport's context only (`ucp_config_modify`). A transport list without a network
+//! transport (such as `sm,self`, which UCX would accept and then fail every connection with)
+//! is refused when the configuration is built, or at start-up when it comes from the
+//! environment's `UCX_TLS`; so is a UCX library older than the headers the bindings were
+//! generated from (at start-up).
 //!
 //! # Example
 //!
@@ -107,11 +109,12 @@ pub mod testing;
 
 pub use config::{
     DEFAULT_CLOSE_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_LANE_QUEUE_BYTES, ProgressEngine,
-    UcxConfig,
+    UcxConfig, UcxConfigBuilder,
 };
 pub use error::{ThreadFailure, UcxError};
 pub use message::MAX_MESSAGE_BYTES;
 pub use stats::UcxStats;
+pub use velo_session::ConfigError;
 
 /// Whether this build has the UCX transport (the `ucx` feature).
 pub const ENABLED: bool = cfg!(feature = "ucx");
@@ -162,7 +165,7 @@ mod transport {
         let listener = listener::UcxLaneListener(lanes);
         Ok(ListeningFrontend::new(
             frontend,
-            &cfg.session,
+            cfg.session(),
             listener,
             local_addr,
             control,
@@ -221,7 +224,7 @@ mod transport {
         pub fn new(mux: MuxConfig, cfg: UcxConfig, tracker: TaskTracker) -> Result<Self, UcxError> {
             let counters = Arc::new(stats::Counters::default());
             let running = driver::start(&cfg, None, counters.clone(), &tracker)?;
-            let settings = cfg.session.worker(mux);
+            let settings = cfg.session().worker(mux);
             let handle = running.handle.clone();
             let dialer = move |addr| connector::dial(handle.clone(), addr);
             Ok(Self {

@@ -167,6 +167,49 @@ fn restart_scenario() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transports_in_the_environment_without_a_network_transport_are_a_startup_error() {
+    // A configured list is refused when the configuration is built; the environment's
+    // `UCX_TLS` only when UCX starts, in a process whose environment says so.
+    let mut child = helper("no_network_transport", &[("UCX_TLS", "sm,self".to_owned())]);
+    let status = within(
+        "scenario",
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "the UCX_TLS scenario failed: {status}");
+}
+
+#[test]
+#[ignore = "helper process of transports_in_the_environment_without_a_network_transport_are_a_startup_error"]
+fn no_network_transport() {
+    if std::env::var(HELPER).as_deref() != Ok("no_network_transport") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Worker)
+        .build()
+        .unwrap();
+    let err = velo_ucx::UcxWorker::new(mux, velo_ucx::UcxConfig::default(), TaskTracker::new())
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, velo_ucx::UcxError::Transports { tls } if tls == "sm,self"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("UCX initialisation failed: UCX_TLS=sm,self names no network transport"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_transport_burns_no_cpu() {
     // In a process of its own, so the CPU time measured is only the idle transport's: every
     // thread (both drivers, UCX's own threads) while a connection is up and nothing flows,
@@ -212,10 +255,11 @@ fn idle_process() {
 async fn idle_window(engine: velo_ucx::ProgressEngine) {
     let tracker = TaskTracker::new();
     let net = Ucx {
-        cfg: velo_ucx::UcxConfig {
-            engine,
-            ..velo_ucx::UcxConfig::loopback()
-        },
+        cfg: velo_ucx::UcxConfig::loopback()
+            .to_builder()
+            .engine(engine)
+            .build()
+            .unwrap(),
     };
     let (frontend, mut inbox) = contract::frontend(&net, &tracker).await;
     let worker = contract::worker(&net, &tracker);

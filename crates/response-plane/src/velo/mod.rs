@@ -6,4 +6,6 @@ mod acceptor;
 mod transport;
 
 pub(crate) use acceptor::RegistryAcceptor;
+#[cfg(feature = "ucx")]
+pub(crate) use transport::ucx_builder;
 pub(crate) use transport::{FrontendTransport, WorkerTransport, bind_frontend, start_worker};

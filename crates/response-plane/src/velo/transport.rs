@@ -58,7 +58,7 @@ pub(crate) async fn bind_frontend(
     match config.transport() {
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => {
-            let f = velo_tcp::bind_frontend(addr, tcp_config(config, security), parts)
+            let f = velo_tcp::bind_frontend(addr, tcp_config(config, security)?, parts)
                 .await
                 .map_err(|e| StartError::Bind {
                     addr,
@@ -68,7 +68,7 @@ pub(crate) async fn bind_frontend(
         }
         #[cfg(feature = "ucx")]
         VeloTransport::Ucx => {
-            let f = velo_ucx::bind_frontend(addr, ucx_config(config, security), parts)
+            let f = velo_ucx::bind_frontend(addr, ucx_config(config, security)?, parts)
                 .await
                 .map_err(StartError::Ucx)?;
             Ok(Box::new(f))
@@ -96,12 +96,12 @@ pub(crate) fn start_worker(
         #[cfg(feature = "tcp")]
         VeloTransport::Tcp => Ok(Arc::new(velo_tcp::TcpWorker::new(
             mux,
-            tcp_config(config, security),
+            tcp_config(config, security)?,
             tracker,
         ))),
         #[cfg(feature = "ucx")]
         VeloTransport::Ucx => {
-            let w = velo_ucx::UcxWorker::new(mux, ucx_config(config, security), tracker)
+            let w = velo_ucx::UcxWorker::new(mux, ucx_config(config, security)?, tracker)
                 .map_err(StartError::Ucx)?;
             Ok(Arc::new(w))
         }
@@ -123,43 +123,63 @@ fn not_compiled(transport: VeloTransport) -> StartError {
 /// The TCP settings of the plane: the transport's defaults, with the lanes' sockets giving
 /// up on a vanished peer within the configured idle timeout, and the plane's TLS, secret and
 /// worker instance.
+///
+/// # Errors
+///
+/// A setting outside the transport's range (`ResponsePlaneConfig::build` checked the same
+/// ranges, so only a TLS handshake timeout set past them reaches this).
 #[cfg(feature = "tcp")]
-fn tcp_config(c: &ResponsePlaneConfig, security: &Security) -> velo_tcp::TcpConfig {
-    let defaults = velo_tcp::TcpConfig::default();
-    velo_tcp::TcpConfig {
-        liveness: Some(c.idle_timeout()),
-        tls_server: security.server.clone(),
-        tls_client: security.client.clone(),
-        session: session(defaults.session.clone(), c, security),
-        ..defaults
-    }
+fn tcp_config(
+    c: &ResponsePlaneConfig,
+    security: &Security,
+) -> Result<velo_tcp::TcpConfig, StartError> {
+    let session = session(velo_tcp::TcpConfig::default().session(), c, security)?;
+    let config = velo_tcp::TcpConfig::builder()
+        .liveness(Some(c.idle_timeout()))
+        .tls_server(security.server.clone())
+        .tls_client(security.client.clone())
+        .session(session)
+        .build();
+    Ok(config.map_err(crate::ConfigError::from)?)
 }
 
 /// The UCX settings of the plane: UCX's defaults, with the transports and devices the
-/// configuration names.
+/// configuration names (`ResponsePlaneConfig::build` checked them).
+///
+/// # Errors
+///
+/// As [`tcp_config`].
 #[cfg(feature = "ucx")]
-fn ucx_config(c: &ResponsePlaneConfig, security: &Security) -> velo_ucx::UcxConfig {
-    let defaults = velo_ucx::UcxConfig::default();
-    velo_ucx::UcxConfig {
-        tls: c.ucx_tls().map(str::to_owned),
-        net_devices: c.ucx_net_devices().map(str::to_owned),
-        session: session(defaults.session.clone(), c, security),
-        ..defaults
-    }
+fn ucx_config(
+    c: &ResponsePlaneConfig,
+    security: &Security,
+) -> Result<velo_ucx::UcxConfig, StartError> {
+    let session = session(velo_ucx::UcxConfig::default().session(), c, security)?;
+    let config = ucx_builder(c).session(session).build();
+    Ok(config.map_err(crate::ConfigError::from)?)
+}
+
+/// The UCX settings the plane's configuration names.
+#[cfg(feature = "ucx")]
+pub(crate) fn ucx_builder(c: &ResponsePlaneConfig) -> velo_ucx::UcxConfigBuilder {
+    velo_ucx::UcxConfig::builder()
+        .tls(c.ucx_tls().map(str::to_owned))
+        .net_devices(c.ucx_net_devices().map(str::to_owned))
 }
 
 /// A transport's session settings with the plane's cluster secret and worker instance.
 #[cfg(any(feature = "tcp", feature = "ucx"))]
 fn session(
-    defaults: velo_session::SessionSettings,
+    defaults: &velo_session::SessionSettings,
     c: &ResponsePlaneConfig,
     security: &Security,
-) -> velo_session::SessionSettings {
-    velo_session::SessionSettings {
-        secret: security.secret.clone(),
-        worker_instance: c.worker_instance(),
-        ..defaults
-    }
+) -> Result<velo_session::SessionSettings, crate::ConfigError> {
+    let session = defaults
+        .to_builder()
+        .secret(security.secret.clone())
+        .worker_instance(c.worker_instance())
+        .build()?;
+    Ok(session)
 }
 
 /// Every transport's frontend is velo-session's.

@@ -294,15 +294,16 @@ async fn open_flood(t: &Target) -> String {
         velo_tls::DEFAULT_HANDSHAKE_TIMEOUT,
     )
     .expect("the run's CA loads");
-    let cfg = velo_tcp::TcpConfig {
-        tls_client: Some(Arc::new(tls)),
-        session: velo_session::SessionSettings {
-            secret: Some(t.secret()),
-            worker_instance: Some(INSIDER_INSTANCE),
-            ..velo_session::SessionSettings::default()
-        },
-        ..velo_tcp::TcpConfig::default()
-    };
+    let session = velo_session::SessionSettings::builder()
+        .secret(Some(t.secret()))
+        .worker_instance(Some(INSIDER_INSTANCE))
+        .build()
+        .expect("valid");
+    let cfg = velo_tcp::TcpConfig::builder()
+        .tls_client(Some(Arc::new(tls)))
+        .session(session)
+        .build()
+        .expect("valid");
     let mux = velo_mux::MuxConfig::builder(velo_mux::Side::Worker)
         .build()
         .expect("valid");

@@ -38,15 +38,11 @@ impl FrontendSpec {
             acceptor: self.acceptor,
             tracker: self.tracker,
         };
-        let session = SessionSettings {
-            handshake_timeout: self.accept.handshake_timeout,
-            establish_timeout: self.accept.establish_timeout,
-            max_connections: self.accept.max_connections,
-            max_handshakes: self.accept.max_handshakes,
-            max_handshakes_per_source: self.accept.max_handshakes_per_source,
-            secret: self.secret,
-            ..SessionSettings::default()
-        };
+        let session = SessionSettings::builder()
+            .accept(self.accept)
+            .secret(self.secret)
+            .build()
+            .expect("a story's accept bounds are valid");
         (parts, session, self.addr)
     }
 }

@@ -31,18 +31,15 @@ impl Transport for Tcp {
 
     async fn frontend(&self, spec: FrontendSpec) -> io::Result<TcpFrontend> {
         let (parts, session, addr) = spec.into_parts();
-        let cfg = TcpConfig {
-            session,
-            ..TcpConfig::default()
-        };
+        let cfg = TcpConfig::builder().session(session).build().unwrap();
         velo_tcp::bind_frontend(addr.unwrap_or_else(loopback), cfg, parts).await
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
-        let cfg = TcpConfig {
-            session: settings.session(),
-            ..TcpConfig::default()
-        };
+        let cfg = TcpConfig::builder()
+            .session(settings.session().unwrap())
+            .build()
+            .unwrap();
         // A TCP worker is its endpoint: closing it closes the endpoint.
         TcpWorker::new(settings.mux, cfg, tracker.clone())
             .endpoint()
@@ -153,20 +150,20 @@ impl Transport for TcpTls {
 
     async fn frontend(&self, spec: FrontendSpec) -> io::Result<TcpFrontend> {
         let (parts, session, addr) = spec.into_parts();
-        let cfg = TcpConfig {
-            session,
-            tls_server: Some(self.server()),
-            ..TcpConfig::default()
-        };
+        let cfg = TcpConfig::builder()
+            .session(session)
+            .tls_server(Some(self.server()))
+            .build()
+            .unwrap();
         velo_tcp::bind_frontend(addr.unwrap_or_else(loopback), cfg, parts).await
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> WorkerEndpoint {
-        let cfg = TcpConfig {
-            session: settings.session(),
-            tls_client: Some(self.client()),
-            ..TcpConfig::default()
-        };
+        let cfg = TcpConfig::builder()
+            .session(settings.session().unwrap())
+            .tls_client(Some(self.client()))
+            .build()
+            .unwrap();
         TcpWorker::new(settings.mux, cfg, tracker.clone())
             .endpoint()
             .clone()

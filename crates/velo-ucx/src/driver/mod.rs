@@ -33,7 +33,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
-use crate::config::check_transports;
+use crate::config::names_network_transport;
 use crate::error::ThreadFailure;
 use crate::lane::{Inbox, Lane};
 use crate::reorder::Reorder;
@@ -161,7 +161,7 @@ pub(crate) fn start(
     let (tx, rx) = mpsc::unbounded_channel();
     let weak = tx.downgrade();
     let handle = Handle { cmd: tx };
-    match cfg.engine {
+    match cfg.engine() {
         ProgressEngine::Task => {
             let (driver, port, accepted) = Driver::new(cfg, listen, rx, weak, counters)?;
             tracker.spawn(driver.run());
@@ -234,9 +234,12 @@ fn check_setup(cfg: &UcxConfig) -> Result<(), UcxError> {
             library: format!("{major}.{minor}.{release}"),
         });
     }
-    let tls = cfg.tls.clone().or_else(|| std::env::var("UCX_TLS").ok());
-    if let Some(tls) = tls {
-        check_transports(&tls).map_err(UcxError::Transports)?;
+    // A configured list was checked when built; the environment's is checked here.
+    if cfg.tls().is_none()
+        && let Ok(tls) = std::env::var("UCX_TLS")
+        && !names_network_transport(&tls)
+    {
+        return Err(UcxError::Transports { tls });
     }
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(UcxError::Init {

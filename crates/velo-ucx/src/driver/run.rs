@@ -30,8 +30,8 @@ impl Driver {
         counters: Arc<Counters>,
     ) -> Result<Built, UcxError> {
         let settings = sys::Settings {
-            tls: cfg.tls.as_deref(),
-            net_devices: cfg.net_devices.as_deref(),
+            tls: cfg.tls(),
+            net_devices: cfg.net_devices(),
         };
         let mut worker = Worker::new(settings, AM_ID).map_err(|e| UcxError::Init {
             step: e.step,
@@ -61,8 +61,8 @@ impl Driver {
             weak,
             accepted,
             counters,
-            close_timeout: cfg.close_timeout,
-            max_queue: cfg.max_lane_queue_bytes,
+            close_timeout: cfg.close_timeout(),
+            max_queue: cfg.max_lane_queue_bytes(),
             shutting_down: false,
             worker,
         };

@@ -37,19 +37,14 @@ impl Transport for Ucx {
 
     async fn frontend(&self, spec: FrontendSpec) -> io::Result<UcxFrontend> {
         let (parts, session, addr) = spec.into_parts();
-        let cfg = UcxConfig {
-            session,
-            ..self.cfg.clone()
-        };
+        let cfg = self.cfg.to_builder().session(session).build().unwrap();
         let bound = velo_ucx::bind_frontend(addr.unwrap_or_else(loopback), cfg, parts).await;
         bound.map_err(io::Error::other)
     }
 
     fn worker(&self, settings: WorkerSettings, tracker: &TaskTracker) -> Worker {
-        let cfg = UcxConfig {
-            session: settings.session(),
-            ..self.cfg.clone()
-        };
+        let session = settings.session().unwrap();
+        let cfg = self.cfg.to_builder().session(session).build().unwrap();
         Worker(UcxWorker::new(settings.mux, cfg, tracker.clone()).expect("a UCX worker starts"))
     }
 
@@ -85,7 +80,7 @@ impl Transport for Ucx {
 
     fn shutdown_bound(&self) -> Duration {
         // Each closing lane's flush, then the UCX teardown.
-        self.cfg.close_timeout + UCX_TEARDOWN
+        self.cfg.close_timeout() + UCX_TEARDOWN
     }
 }
 
