@@ -5,7 +5,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::security::Security;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -16,7 +15,7 @@ use crate::classic::ClassicFrontend;
 use crate::info::{self, StreamAddress, hex_token};
 use crate::observe::{InFlight, PlaneObserver, Streams};
 use crate::registry::{Arrival, Registry};
-use crate::stats::PlaneStats;
+use crate::stats::{PlaneCounters, PlaneStats};
 use crate::velo::{self, FrontendTransport, RegistryAcceptor};
 use crate::{
     Codec, ConnectionInfo, Plane, ResponseError, ResponsePlaneConfig, ResponseStream, StartError,
@@ -65,16 +64,10 @@ struct Inner {
     transport: Transport,
     advertise: SocketAddr,
     instance: velo_wire::InstanceId,
-    refused: Arc<AtomicU64>,
-    wrong_worker: Arc<AtomicU64>,
-    /// Classic connections refused for a TLS/plaintext mismatch.
-    tls_mismatches: Arc<AtomicU64>,
     security: Security,
     /// The TLS file watch (stopped with the plane).
     watch: crate::watch::Watch,
-    registered: AtomicU64,
-    established: AtomicU64,
-    failed: AtomicU64,
+    counters: Arc<PlaneCounters>,
     streams: Arc<Streams>,
 }
 
@@ -107,9 +100,7 @@ impl FrontendPlane {
         observer: Option<Arc<dyn PlaneObserver>>,
     ) -> Result<Self, StartError> {
         let registry = Arc::new(Registry::new());
-        let refused = Arc::new(AtomicU64::new(0));
-        let wrong_worker = Arc::new(AtomicU64::new(0));
-        let tls_mismatches = Arc::new(AtomicU64::new(0));
+        let counters = Arc::new(PlaneCounters::default());
         let security = Security::frontend(&config)?;
         // Dynamo's rule: this host's routable address unless told otherwise, never every
         // interface (an unspecified host is refused when the configuration is built).
@@ -123,8 +114,7 @@ impl FrontendPlane {
                     max,
                     liveness,
                     tls: security.server.clone(),
-                    wrong_worker: wrong_worker.clone(),
-                    tls_mismatches: tls_mismatches.clone(),
+                    counters: counters.clone(),
                 };
                 let f = ClassicFrontend::bind(bind, accept, tracker.clone())
                     .await
@@ -139,8 +129,7 @@ impl FrontendPlane {
             Plane::Velo => {
                 let acceptor = Arc::new(RegistryAcceptor {
                     registry: registry.clone(),
-                    refused: refused.clone(),
-                    wrong_worker: wrong_worker.clone(),
+                    counters: counters.clone(),
                 });
                 let f = velo::bind_frontend(&config, bind, acceptor, tracker.clone(), &security)
                     .await?;
@@ -158,15 +147,10 @@ impl FrontendPlane {
                 transport,
                 advertise,
                 instance,
-                refused,
-                wrong_worker,
-                tls_mismatches,
                 security,
                 watch,
-                registered: AtomicU64::new(0),
-                established: AtomicU64::new(0),
-                failed: AtomicU64::new(0),
-                streams: Streams::new(observer),
+                streams: Streams::new(counters.clone(), observer),
+                counters,
             }),
         })
     }
@@ -183,7 +167,7 @@ impl FrontendPlane {
         opts: RegisterOptions,
     ) -> Result<(ConnectionInfo, PendingResponse<T>), ResponseError> {
         let (ticket, token, rx) = self.inner.registry.register()?;
-        self.inner.registered.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.streams_registered.inc();
         let address = StreamAddress {
             v: info::ADDRESS_VERSION,
             addr: self.inner.advertise,
@@ -234,23 +218,11 @@ impl FrontendPlane {
 
     /// Counters of the plane and its transport.
     pub fn stats(&self) -> PlaneStats {
-        let mut s = PlaneStats {
-            streams_registered: self.inner.registered.load(Ordering::Relaxed),
-            streams_established: self.inner.established.load(Ordering::Relaxed),
-            stream_setup_failures: self.inner.failed.load(Ordering::Relaxed),
-            arrivals_refused: self.inner.refused.load(Ordering::Relaxed),
-            arrivals_wrong_worker: self.inner.wrong_worker.load(Ordering::Relaxed),
-            classic_tls_mismatches: self.inner.tls_mismatches.load(Ordering::Relaxed),
-            stream_errors: self.inner.streams.errors(),
-            streams_in_flight: self.inner.streams.in_flight(),
-            ..PlaneStats::default()
-        };
-        match &self.inner.transport {
-            Transport::Classic(f) => s.arrivals_refused += f.refused.load(Ordering::Relaxed),
-            Transport::Velo(f) => {
-                s.mux = f.endpoint().stats();
-                s.handshake = f.handshake_stats();
-            }
+        let mut s = self.inner.counters.snapshot();
+        s.streams_in_flight = self.inner.streams.in_flight();
+        if let Transport::Velo(f) = &self.inner.transport {
+            s.mux = f.endpoint().stats();
+            s.handshake = f.handshake_stats();
         }
         s
     }
@@ -347,11 +319,11 @@ impl<T: DeserializeOwned> PendingResponse<T> {
     pub async fn established(mut self) -> Result<ResponseStream<T>, ResponseError> {
         let r = self.wait().await;
         if r.is_ok() {
-            self.plane.established.fetch_add(1, Ordering::Relaxed);
+            self.plane.counters.streams_established.inc();
             self.plane.streams.set_up(self.registered_at.elapsed());
         } else if r.as_ref().err() != Some(&ResponseError::Closed) {
             // Shutdown is not the stream's failure.
-            self.plane.failed.fetch_add(1, Ordering::Relaxed);
+            self.plane.counters.stream_setup_failures.inc();
         }
         r
     }

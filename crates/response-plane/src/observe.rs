@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::stats::PlaneCounters;
+
 /// Hooks a plane calls as streams are set up. Called on the caller's task: keep it cheap.
 pub trait PlaneObserver: Send + Sync + 'static {
     /// A stream was set up after `elapsed`: frontend, from registration to its prologue;
@@ -16,19 +18,24 @@ pub trait PlaneObserver: Send + Sync + 'static {
 }
 
 /// A plane's live stream accounting, shared with its handles.
-#[derive(Default)]
 pub(crate) struct Streams {
     in_flight: AtomicU64,
-    errors: AtomicU64,
+    /// The plane's counters (stream errors are counted here).
+    counters: Arc<PlaneCounters>,
     idle: Notify,
     observer: Option<Arc<dyn PlaneObserver>>,
 }
 
 impl Streams {
-    pub(crate) fn new(observer: Option<Arc<dyn PlaneObserver>>) -> Arc<Self> {
+    pub(crate) fn new(
+        counters: Arc<PlaneCounters>,
+        observer: Option<Arc<dyn PlaneObserver>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            in_flight: AtomicU64::new(0),
+            counters,
+            idle: Notify::new(),
             observer,
-            ..Self::default()
         })
     }
 
@@ -37,13 +44,8 @@ impl Streams {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    /// Errors streams ended with (cancellations aside).
-    pub(crate) fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
-    }
-
     pub(crate) fn error(&self) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.counters.stream_errors.inc();
     }
 
     pub(crate) fn set_up(&self, elapsed: Duration) {

@@ -1,5 +1,12 @@
 //! Counters of a response plane: the plane's own, plus (velo) the mux's and the handshake's,
 //! embedded as they are rather than copied field by field.
+//!
+//! Every plane counter is declared once, in the table inside [`plane_counters!`]: that
+//! declares the [`PlaneStats`] field, the live counter the plane increments, the snapshot,
+//! and the entry in [`PlaneStats::COUNTERS`] by which runtime-glue exports it (and its tests
+//! notice one it does not export). Adding one is a line here and the line that counts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use velo_mux::{BATCH_RECORDS_BUCKETS, Counter, FlushReason, MuxStats};
 pub use velo_session::HandshakeStats;
@@ -30,6 +37,24 @@ macro_rules! plane_counters {
                 help: plane_counters!(@first $($doc)+),
                 read: |s| s.$field,
             },)*];
+        }
+
+        /// The live counters behind [`PlaneStats`]'s own, shared by a plane and the tasks
+        /// and handles that count.
+        #[derive(Debug, Default)]
+        pub(crate) struct PlaneCounters {
+            $(pub(crate) $field: Count,)*
+        }
+
+        impl PlaneCounters {
+            /// The counters now; the gauge and the embedded stats are left at zero for the
+            /// plane to fill.
+            pub(crate) fn snapshot(&self) -> PlaneStats {
+                PlaneStats {
+                    $($field: self.$field.get(),)*
+                    ..PlaneStats::default()
+                }
+            }
         }
     };
     (@first $first:literal $($rest:literal)*) => { $first };
@@ -75,5 +100,19 @@ impl PlaneStats {
     /// Lanes up right now (velo).
     pub fn lanes_connected(&self) -> u64 {
         self.mux.lanes_up.saturating_sub(self.mux.lanes_closed)
+    }
+}
+
+/// One live counter.
+#[derive(Debug, Default)]
+pub(crate) struct Count(AtomicU64);
+
+impl Count {
+    pub(crate) fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }

@@ -684,6 +684,29 @@ async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: 
     assert_eq!(s.frontend.pending(), 0);
 }
 
+/// A stream whose registration is gone (its pending handle dropped) is refused, and the
+/// refusal is counted once in `arrivals_refused`, whichever plane carried it.
+async fn a_stream_for_a_dropped_registration_is_refused_and_counted(plane: Under) {
+    let s = setup(plane).await;
+    let (info, pending) = register(&s);
+    drop(pending);
+    // The worker learns of the refusal at connect (classic) or after its OPEN (velo).
+    if let Ok(mut tx) = within("connect", s.worker.connect::<Token>(&info)).await {
+        let _ = tx.send_prologue(Ok(())).await;
+        s.worker.flush();
+    }
+    // Counted by the frontend's task once the stream arrived: poll, bounded.
+    within("the refusal is counted", async {
+        while s.frontend.stats().arrivals_refused == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let stats = s.frontend.stats();
+    assert_eq!(stats.arrivals_refused, 1);
+    assert_eq!(stats.arrivals_wrong_worker, 0);
+}
+
 async fn dropping_a_pending_handle_removes_all_state(plane: Under) {
     let s = setup(plane).await;
     let handles: Vec<_> = (0..100).map(|_| register(&s)).collect();
@@ -778,6 +801,7 @@ macro_rules! contract {
                 a_plane_mismatch_answers_with_an_error_prologue,
                 an_establish_timeout_bounds_the_wait_and_frees_the_registration,
                 dropping_a_pending_handle_removes_all_state,
+                a_stream_for_a_dropped_registration_is_refused_and_counted,
                 registrations_after_shutdown_fail_cleanly,
                 removing_a_worker_instance_ends_its_pending_streams_and_tombstones_it,
                 a_re_associated_stream_ends_only_with_its_latest_worker_instance,

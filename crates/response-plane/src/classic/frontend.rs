@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use super::frame::{
 use super::mismatch;
 use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
+use crate::stats::PlaneCounters;
 use crate::{Cause, Disconnect, ProtocolViolation, ResponseError, prologue};
 
 /// Least time a new connection has to name its stream; the liveness bound when longer. A
@@ -54,7 +54,6 @@ pub(crate) struct ClassicFrontend {
     pub(crate) local_addr: SocketAddr,
     stop: CancellationToken,
     done: CancellationToken,
-    pub(crate) refused: Arc<AtomicU64>,
 }
 
 /// What every connection's handshake task needs.
@@ -65,10 +64,8 @@ pub(crate) struct Accept {
     pub(crate) liveness: Duration,
     /// TLS on every connection, when set (the handshake runs in the connection's task).
     pub(crate) tls: Option<Arc<velo_tls::ServerTls>>,
-    /// Arrivals refused because they came from another worker than their registration's.
-    pub(crate) wrong_worker: Arc<AtomicU64>,
-    /// Connections refused because their worker's TLS setting differs from this listener's.
-    pub(crate) tls_mismatches: Arc<AtomicU64>,
+    /// The plane's counters (arrivals refused, those from the wrong worker, TLS mismatches).
+    pub(crate) counters: Arc<PlaneCounters>,
 }
 
 impl ClassicFrontend {
@@ -91,8 +88,7 @@ impl ClassicFrontend {
         let listener = socket.listen(BACKLOG)?;
         let local_addr = listener.local_addr()?;
         let (stop, done) = (CancellationToken::new(), CancellationToken::new());
-        let refused = Arc::new(AtomicU64::new(0));
-        let (s, d, r, t) = (stop.clone(), done.clone(), refused.clone(), tracker.clone());
+        let (s, d, t) = (stop.clone(), done.clone(), tracker.clone());
         tracker.spawn(async move {
             loop {
                 // Cancel safety: `accept` loses no connection when dropped.
@@ -104,10 +100,10 @@ impl ClassicFrontend {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
-                let (accept, refused, s2) = (accept.clone(), r.clone(), s.clone());
+                let (accept, s2) = (accept.clone(), s.clone());
                 t.spawn(async move {
                     tokio::select! {
-                        () = handshake(stream, accept, refused) => {}
+                        () = handshake(stream, accept) => {}
                         () = s2.cancelled() => {}
                     }
                 });
@@ -118,7 +114,6 @@ impl ClassicFrontend {
             local_addr,
             stop,
             done,
-            refused,
         })
     }
 
@@ -129,19 +124,20 @@ impl ClassicFrontend {
     }
 }
 
-async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
+async fn handshake(stream: TcpStream, accept: Accept) {
     let (max, liveness) = (accept.max, accept.liveness);
+    let refused = &accept.counters.arrivals_refused;
     let _ = stream.set_nodelay(true);
     if let Err(e) = set_liveness(&stream, liveness) {
         // Without it a vanished worker would hold this stream for ever: refuse it.
         tracing::debug!(error = %e, "cannot bound a classic connection's liveness");
-        refused.fetch_add(1, Ordering::Relaxed);
+        refused.inc();
         return;
     }
     let mut stream = match secure(stream, accept.tls.as_deref()).await {
         Secured::Conn(conn) => conn,
         Secured::Plaintext(mut stream) => {
-            accept.tls_mismatches.fetch_add(1, Ordering::Relaxed);
+            accept.counters.classic_tls_mismatches.inc();
             tracing::debug!(
                 "a plaintext classic worker at this TLS frontend: told TLS is required"
             );
@@ -153,7 +149,7 @@ async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
             return;
         }
         Secured::Failed => {
-            refused.fetch_add(1, Ordering::Relaxed);
+            refused.inc();
             return;
         }
     };
@@ -166,20 +162,20 @@ async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
     .await;
     let Ok(Ok((HANDSHAKE, body))) = read else {
         if accept.tls.is_none() && mismatch::is_client_hello(&buf) {
-            accept.tls_mismatches.fetch_add(1, Ordering::Relaxed);
+            accept.counters.classic_tls_mismatches.inc();
             tracing::debug!("a TLS classic worker at this plaintext frontend: told it has no TLS");
             mismatch::refuse(&mut stream, NO_TLS, REFUSAL_LINGER).await;
         } else {
-            refused.fetch_add(1, Ordering::Relaxed);
+            refused.inc();
         }
         return;
     };
     let Ok(h) = serde_json::from_slice::<Handshake>(&body) else {
-        refused.fetch_add(1, Ordering::Relaxed);
+        refused.inc();
         return;
     };
     let Some(token) = crate::info::parse_token(&h.token) else {
-        refused.fetch_add(1, Ordering::Relaxed);
+        refused.inc();
         send(&mut stream, KILL).await;
         return;
     };
@@ -202,13 +198,13 @@ async fn handshake(stream: TcpStream, accept: Accept, refused: Arc<AtomicU64>) {
         }
         // The pending handle is already gone, or the ticket is not one we hold.
         Ok(_) => {
-            refused.fetch_add(1, Ordering::Relaxed);
+            refused.inc();
             send(&mut stream, KILL).await;
         }
         Err(refusal) => {
-            refused.fetch_add(1, Ordering::Relaxed);
+            refused.inc();
             if refusal == crate::registry::Refusal::WrongWorker {
-                accept.wrong_worker.fetch_add(1, Ordering::Relaxed);
+                accept.counters.arrivals_wrong_worker.inc();
             }
             send(&mut stream, KILL).await;
         }
@@ -452,8 +448,7 @@ mod tests {
             max: 1 << 20,
             liveness: bound,
             tls: None,
-            wrong_worker: Arc::default(),
-            tls_mismatches: Arc::default(),
+            counters: Arc::default(),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();

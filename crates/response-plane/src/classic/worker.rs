@@ -19,6 +19,7 @@ use super::frame::{
 use super::mismatch;
 use super::socket::set_liveness;
 use crate::info::{StreamAddress, hex_token};
+use crate::stats::{Count, PlaneCounters};
 use crate::{Cause, Disconnect, ResponseError, TlsMismatch};
 
 /// Time to connect to the frontend.
@@ -119,11 +120,11 @@ impl ClassicControl {
         self.end();
     }
 
-    fn raise(&self, to: u8, cancellations: &AtomicU64) {
+    fn raise(&self, to: u8, cancellations: &Count) {
         let before = self.state.fetch_max(to, Ordering::AcqRel);
         if before < to {
             if before == RUNNING && !self.finished.load(Ordering::Acquire) {
-                cancellations.fetch_add(1, Ordering::Relaxed);
+                cancellations.inc();
             }
             self.changed.notify_waiters();
         }
@@ -144,8 +145,8 @@ pub(crate) struct ClassicDialer {
     tls: Option<Arc<velo_tls::ClientTls>>,
     /// Where the watcher tasks run.
     tracker: TaskTracker,
-    /// Frontend cancellations of streams still running.
-    pub(crate) cancellations: Arc<AtomicU64>,
+    /// The plane's counters (frontend cancellations of streams still running).
+    counters: Arc<PlaneCounters>,
     /// Cancelled by `close` and `abort`: every watcher ends, every connection is shut.
     stop: CancellationToken,
 }
@@ -156,6 +157,7 @@ impl ClassicDialer {
         liveness: Duration,
         worker_instance: Option<u64>,
         tls: Option<Arc<velo_tls::ClientTls>>,
+        counters: Arc<PlaneCounters>,
         tracker: TaskTracker,
     ) -> Self {
         Self {
@@ -164,7 +166,7 @@ impl ClassicDialer {
             worker_instance,
             tls,
             tracker,
-            cancellations: Arc::new(AtomicU64::new(0)),
+            counters,
             stop: CancellationToken::new(),
         }
     }
@@ -209,7 +211,7 @@ impl ClassicDialer {
         let epoch = Instant::now();
         let watch = Watch {
             control: control.clone(),
-            cancellations: self.cancellations.clone(),
+            counters: self.counters.clone(),
             stop: self.stop.child_token(),
             linger: self.liveness,
             write: Arc::downgrade(&write),
@@ -380,7 +382,8 @@ async fn secure(
 /// heartbeats while its writer is quiet.
 struct Watch {
     control: Arc<ClassicControl>,
-    cancellations: Arc<AtomicU64>,
+    /// The plane's counters (frontend cancellations).
+    counters: Arc<PlaneCounters>,
     /// The plane closed or aborted.
     stop: CancellationToken,
     /// How long the frontend has to close once the writer is gone; a third of it is the
@@ -415,8 +418,8 @@ impl Watch {
         let heartbeats = heartbeats(&self.control, &self.write, self.epoch, self.linger / 3);
         let lost = tokio::select! {
             () = heartbeats => false,
-            ending = read_control(&mut read, &self.control, &self.cancellations) => {
-                self.control.raise(KILLED, &self.cancellations);
+            ending = read_control(&mut read, &self.control, &self.counters) => {
+                self.control.raise(KILLED, &self.counters.classic_cancellations);
                 if self.control.mismatch.get().is_some() {
                     // The connection is good for nothing: close it, the frontend waits.
                     read.shutdown();
@@ -510,13 +513,13 @@ async fn heartbeats(
 async fn read_control(
     read: &mut ConnRead,
     control: &ClassicControl,
-    cancellations: &AtomicU64,
+    counters: &PlaneCounters,
 ) -> Ending {
     let mut buf = BytesMut::with_capacity(64);
     loop {
         match frame::decode(&mut buf, 0) {
             Ok(Some((STOP, _))) => {
-                control.raise(STOPPED, cancellations);
+                control.raise(STOPPED, &counters.classic_cancellations);
                 continue;
             }
             Ok(Some((ACCEPTED, _))) => {
@@ -561,7 +564,8 @@ mod tests {
     async fn worker_sockets_give_up_on_a_vanished_frontend_within_the_liveness_bound() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let bound = Duration::from_secs(9);
-        let dialer = ClassicDialer::new(1 << 20, bound, None, None, TaskTracker::new());
+        let counters = Arc::default();
+        let dialer = ClassicDialer::new(1 << 20, bound, None, None, counters, TaskTracker::new());
         let to = address(listener.local_addr().unwrap());
         let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
         let (w, _frontend) = (w.unwrap(), accepted.unwrap());
@@ -581,6 +585,7 @@ mod tests {
             Duration::from_secs(9),
             None,
             None,
+            Arc::default(),
             TaskTracker::new(),
         );
         let to = address(listener.local_addr().unwrap());

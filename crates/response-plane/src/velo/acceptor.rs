@@ -6,12 +6,12 @@ use velo_session::{Acceptor, IncomingStream};
 use velo_wire::CancelCode;
 
 use crate::registry::{Arrival, Refusal, Registry};
+use crate::stats::PlaneCounters;
 
 /// Hands each OPEN to its registration, or refuses it so the worker stops generating.
 pub(crate) struct RegistryAcceptor {
     pub(crate) registry: Arc<Registry>,
-    pub(crate) refused: Arc<std::sync::atomic::AtomicU64>,
-    pub(crate) wrong_worker: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) counters: Arc<PlaneCounters>,
 }
 
 impl Acceptor for RegistryAcceptor {
@@ -29,8 +29,7 @@ impl Acceptor for RegistryAcceptor {
                     // The pending handle went away while the stream was on its way: the
                     // cancellation still reaches the engine.
                     incoming.refuse(CancelCode::CANCELLED);
-                    self.refused
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.counters.arrivals_refused.inc();
                 }
             }
             Err(refusal) => {
@@ -40,13 +39,11 @@ impl Acceptor for RegistryAcceptor {
                         ?from,
                         "stream refused: tied to another worker"
                     );
-                    self.wrong_worker
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.counters.arrivals_wrong_worker.inc();
                 }
                 // Dropped, timed out, cancelled, or not ours: the worker is told to stop.
                 incoming.refuse(CancelCode::REFUSED);
-                self.refused
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.counters.arrivals_refused.inc();
             }
         }
     }

@@ -4,7 +4,6 @@
 mod context;
 mod sender;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
@@ -18,7 +17,7 @@ use crate::classic::ClassicDialer;
 use crate::info::{self, StreamAddress};
 use crate::observe::{InFlight, PlaneObserver, Streams};
 use crate::security::Security;
-use crate::stats::PlaneStats;
+use crate::stats::{PlaneCounters, PlaneStats};
 use crate::velo::{self, WorkerTransport};
 use crate::{
     Cause, ConnectionInfo, InvalidInfo, Plane, ResponseError, ResponsePlaneConfig, StartError,
@@ -42,8 +41,7 @@ struct Inner {
     /// send a frontend on another plane its mismatch error.
     velo: [OnceLock<Result<Arc<dyn WorkerTransport>, StartError>>; 2],
     classic: ClassicDialer,
-    setup_failures: AtomicU64,
-    opened: AtomicU64,
+    counters: Arc<PlaneCounters>,
     streams: Arc<Streams>,
 }
 
@@ -68,11 +66,13 @@ impl WorkerPlane {
         observer: Option<Arc<dyn PlaneObserver>>,
     ) -> Result<Self, StartError> {
         let security = Security::worker(&config)?;
+        let counters = Arc::new(PlaneCounters::default());
         let classic = ClassicDialer::new(
             config.max_message_size(),
             config.idle_timeout(),
             config.worker_instance(),
             security.client.clone(),
+            counters.clone(),
             tracker.clone(),
         );
         let watch = crate::watch::spawn(&security, &tracker);
@@ -84,9 +84,8 @@ impl WorkerPlane {
                 tracker,
                 velo: [OnceLock::new(), OnceLock::new()],
                 classic,
-                setup_failures: AtomicU64::new(0),
-                opened: AtomicU64::new(0),
-                streams: Streams::new(observer),
+                streams: Streams::new(counters.clone(), observer),
+                counters,
             }),
         };
         // Set the configured transport up now, so a broken one fails at startup.
@@ -130,11 +129,11 @@ impl WorkerPlane {
         let r = self.connect_inner(info).await;
         match &r {
             Ok(_) => {
-                self.inner.opened.fetch_add(1, Ordering::Relaxed);
+                self.inner.counters.streams_established.inc();
                 self.inner.streams.set_up(started.elapsed());
             }
             Err(_) => {
-                self.inner.setup_failures.fetch_add(1, Ordering::Relaxed);
+                self.inner.counters.stream_setup_failures.inc();
             }
         }
         r
@@ -249,14 +248,8 @@ impl WorkerPlane {
 
     /// Counters of the plane and its transport.
     pub fn stats(&self) -> PlaneStats {
-        let mut s = PlaneStats {
-            streams_established: self.inner.opened.load(Ordering::Relaxed),
-            stream_setup_failures: self.inner.setup_failures.load(Ordering::Relaxed),
-            classic_cancellations: self.inner.classic.cancellations.load(Ordering::Relaxed),
-            stream_errors: self.inner.streams.errors(),
-            streams_in_flight: self.inner.streams.in_flight(),
-            ..PlaneStats::default()
-        };
+        let mut s = self.inner.counters.snapshot();
+        s.streams_in_flight = self.inner.streams.in_flight();
         for w in self.velo_workers() {
             s.mux += w.endpoint().stats();
             s.handshake += w.handshake_stats();
