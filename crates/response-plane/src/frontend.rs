@@ -324,6 +324,9 @@ impl<T: DeserializeOwned> PendingResponse<T> {
         } else if r.as_ref().err() != Some(&ResponseError::Closed) {
             // Shutdown is not the stream's failure.
             self.plane.counters.stream_setup_failures.inc();
+            if let Err(ResponseError::ResponseTimeout { .. }) = r {
+                self.plane.counters.prologue_timeouts.inc();
+            }
         }
         r
     }

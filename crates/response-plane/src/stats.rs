@@ -68,6 +68,10 @@ plane_counters! {
     /// Streams that failed before their prologue (frontend; shutdown aside) or whose connect
     /// failed (worker).
     stream_setup_failures,
+    /// Frontend: registrations whose prologue did not arrive within their establish timeout
+    /// (a request lost on its way, or a worker that vanished before answering; also in
+    /// `stream_setup_failures`).
+    prologue_timeouts,
     /// Frontend: arriving streams the registry refused (unknown ticket, bad token, a pending
     /// handle already dropped), on either plane.
     arrivals_refused,

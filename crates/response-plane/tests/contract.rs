@@ -682,6 +682,12 @@ async fn an_establish_timeout_bounds_the_wait_and_frees_the_registration(plane: 
     assert_eq!(err, ResponseError::ResponseTimeout { after });
     assert!(err.is_retryable());
     assert_eq!(s.frontend.pending(), 0);
+    let stats = s.frontend.stats();
+    assert_eq!(stats.prologue_timeouts, 1);
+    assert_eq!(
+        stats.stream_setup_failures, 1,
+        "a timeout is a setup failure too"
+    );
 }
 
 /// A stream whose registration is gone (its pending handle dropped) is refused, and the
