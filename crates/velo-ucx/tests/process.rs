@@ -36,6 +36,20 @@ fn helper(name: &str, env: &[(&str, String)]) -> Child {
     cmd.spawn().expect("spawn the helper process")
 }
 
+/// Runs this test binary's ignored test `name` as a child process with `env` to its end
+/// (bounded), and fails unless it succeeded.
+async fn run_helper(name: &str, env: &[(&str, String)]) {
+    let mut child = helper(name, env);
+    let status = within(name, tokio::task::spawn_blocking(move || child.wait()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the helper process {name} failed: {status}"
+    );
+}
+
 /// Waits (bounded) for the child to print `READY`.
 async fn ready(child: &mut Child) {
     let out = child.stdout.take().unwrap();
@@ -136,18 +150,8 @@ async fn a_frontend_restarted_under_a_new_instance_id_is_prepared_again() {
     // settings only from the environment, so rebinding the port of the frontend that just
     // died (its connections in TIME_WAIT) needs UCX_TCP_CM_REUSEADDR=y in the process: the
     // story runs in a process of its own.
-    let mut child = helper(
-        "restart_scenario",
-        &[("UCX_TCP_CM_REUSEADDR", "y".to_owned())],
-    );
-    let status = within(
-        "scenario",
-        tokio::task::spawn_blocking(move || child.wait()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert!(status.success(), "the restart scenario failed: {status}");
+    let reuse = [("UCX_TCP_CM_REUSEADDR", "y".to_owned())];
+    run_helper("restart_scenario", &reuse).await;
 }
 
 #[test]
@@ -170,15 +174,8 @@ fn restart_scenario() {
 async fn transports_in_the_environment_without_a_network_transport_are_a_startup_error() {
     // A configured list is refused when the configuration is built; the environment's
     // `UCX_TLS` only when UCX starts, in a process whose environment says so.
-    let mut child = helper("no_network_transport", &[("UCX_TLS", "sm,self".to_owned())]);
-    let status = within(
-        "scenario",
-        tokio::task::spawn_blocking(move || child.wait()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert!(status.success(), "the UCX_TLS scenario failed: {status}");
+    let no_network = [("UCX_TLS", "sm,self".to_owned())];
+    run_helper("no_network_transport", &no_network).await;
 }
 
 #[test]
@@ -214,15 +211,7 @@ async fn an_idle_transport_burns_no_cpu() {
     // In a process of its own, so the CPU time measured is only the idle transport's: every
     // thread (both drivers, UCX's own threads) while a connection is up and nothing flows,
     // with each progress engine.
-    let mut child = helper("idle_process", &[]);
-    let status = within(
-        "idle process",
-        tokio::task::spawn_blocking(move || child.wait()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert!(status.success(), "the idle process failed: {status}");
+    run_helper("idle_process", &[]).await;
 }
 
 /// How long each engine idles (at least: the window is measured).
