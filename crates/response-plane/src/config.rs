@@ -631,4 +631,32 @@ mod tests {
             "{err}"
         );
     }
+
+    /// A UCX transport list without a network transport (no lane could connect) is refused
+    /// when the configuration is built, naming the setting, before anything starts.
+    #[cfg(feature = "ucx")]
+    #[test]
+    fn a_ucx_transport_list_that_cannot_carry_lanes_is_refused_when_built() {
+        let err = ResponsePlaneConfig::builder()
+            .plane(Plane::Velo)
+            .transport(VeloTransport::Ucx)
+            .ucx_tls(Some("sm,self".to_owned()))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::OutOfRange {
+                    setting: "ucx_tls",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let why = err.to_string();
+        assert!(
+            why.starts_with("invalid ucx_tls \"sm,self\": must name a network transport"),
+            "{why}"
+        );
+    }
 }

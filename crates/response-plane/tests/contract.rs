@@ -867,30 +867,3 @@ async fn classic_data_after_the_final_item_is_an_error() {
     );
     assert!(err.is_remote());
 }
-
-/// A UCX transport list without a network transport (no lane could connect) is refused when
-/// the configuration is built, naming the setting, before anything starts.
-#[cfg(feature = "ucx")]
-#[test]
-fn a_ucx_transport_list_that_cannot_carry_lanes_is_refused_when_built() {
-    let err = config(VELO_UCX)
-        .to_builder()
-        .ucx_tls(Some("sm,self".to_owned()))
-        .build()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            response_plane::ConfigError::OutOfRange {
-                setting: "ucx_tls",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(
-        err.to_string()
-            .starts_with("invalid ucx_tls \"sm,self\": must name a network transport"),
-        "{err}"
-    );
-}
