@@ -115,6 +115,10 @@ impl FrontendPlane {
                     liveness,
                     tls: security.server.clone(),
                     counters: counters.clone(),
+                    handshakes: velo_session::HandshakeBudget::new(
+                        crate::classic::CLASSIC_HANDSHAKES,
+                        crate::classic::CLASSIC_HANDSHAKES_PER_SOURCE,
+                    ),
                 };
                 let f = ClassicFrontend::bind(bind, accept, tracker.clone())
                     .await

@@ -83,6 +83,9 @@ plane_counters! {
     /// this TLS listener, or began TLS with this plaintext one; each was told so in a
     /// plaintext control message (the velo plane counts them in `handshake`).
     classic_tls_mismatches,
+    /// Frontend, classic plane: connections closed unread because the handshake budget (of
+    /// connections that have not named their stream yet, per source and in all) was spent.
+    classic_handshakes_refused,
     /// Worker, classic plane: streams the frontend asked to stop or killed, each once.
     classic_cancellations,
     /// Streams that ended with an error after they were set up (cancellations aside).

@@ -1,6 +1,7 @@
 //! The budget of unauthenticated connections: handshakes in progress, per source address and
 //! in total, kept apart from the lanes of workers that completed theirs. A flood of silent or
-//! slow handshakes is refused at this budget and never takes a lane's place.
+//! slow handshakes is refused at this budget and never takes a lane's place. Public so that
+//! a plane with its own listener (response-plane's classic plane) keeps the same budget.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// Handshakes in progress, counted per source and in total.
 #[derive(Debug)]
-pub(crate) struct HandshakeBudget {
+pub struct HandshakeBudget {
     max_total: usize,
     max_per_source: usize,
     state: Mutex<State>,
@@ -23,7 +24,7 @@ struct State {
 
 /// Which share of the budget was exhausted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Exhausted {
+pub enum Exhausted {
     /// This source has `max_per_source` handshakes in progress.
     Source,
     /// The listener has `max_total` handshakes in progress.
@@ -32,13 +33,15 @@ pub(crate) enum Exhausted {
 
 /// One handshake's place in the budget, given back when dropped.
 #[derive(Debug)]
-pub(crate) struct HandshakeTicket {
+pub struct HandshakeTicket {
     budget: Arc<HandshakeBudget>,
     source: Option<IpAddr>,
 }
 
 impl HandshakeBudget {
-    pub(crate) fn new(max_total: usize, max_per_source: usize) -> Arc<Self> {
+    /// A budget of at most `max_total` handshakes in progress, at most `max_per_source` of
+    /// them from one source address.
+    pub fn new(max_total: usize, max_per_source: usize) -> Arc<Self> {
         Arc::new(Self {
             max_total,
             max_per_source,
@@ -48,10 +51,11 @@ impl HandshakeBudget {
 
     /// A place for a handshake from `source` (`None`: a transport that cannot tell; only the
     /// total applies).
-    pub(crate) fn enter(
-        self: &Arc<Self>,
-        source: Option<IpAddr>,
-    ) -> Result<HandshakeTicket, Exhausted> {
+    ///
+    /// # Errors
+    ///
+    /// Which share is exhausted; the connection should be refused.
+    pub fn enter(self: &Arc<Self>, source: Option<IpAddr>) -> Result<HandshakeTicket, Exhausted> {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if st.total >= self.max_total {
             return Err(Exhausted::Total);

@@ -62,6 +62,7 @@ pub use accept::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
 };
 pub use auth::{ClusterSecret, MAX_SECRET_LEN, MIN_SECRET_LEN, SecretError};
+pub use budget::{Exhausted, HandshakeBudget, HandshakeTicket};
 pub use error::{ConnectError, StreamError};
 pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings};
 pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};

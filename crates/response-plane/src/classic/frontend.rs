@@ -25,6 +25,7 @@ use super::socket::set_liveness;
 use crate::registry::{Arrival, Registry};
 use crate::stats::PlaneCounters;
 use crate::{Cause, Disconnect, ProtocolViolation, ResponseError, prologue};
+use velo_session::{HandshakeBudget, HandshakeTicket};
 
 /// Least time a new connection has to name its stream; the liveness bound when longer. A
 /// busy worker can take seconds to write its first message after its connect completed (a
@@ -35,6 +36,13 @@ const MIN_HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 const BACKLOG: u32 = 4096;
 /// Largest handshake message, in bytes.
 const MAX_HANDSHAKE: u32 = 1024;
+/// Classic connections that have not named their stream yet (TLS and the first message
+/// still to come), in all: past it a new connection is closed at once, so silent or slow
+/// connections cannot take every file descriptor. Every stream is a connection on this
+/// plane, so the budget is sized for bursts of thousands of streams, not for a few lanes.
+pub(crate) const CLASSIC_HANDSHAKES: usize = 8192;
+/// The same, from one source address: one flooding host cannot take more than half.
+pub(crate) const CLASSIC_HANDSHAKES_PER_SOURCE: usize = 4096;
 /// Longest a plaintext frontend waits for a TLS worker it refused to close first (a TLS
 /// frontend waits its TLS handshake timeout): Dynamo's default TLS handshake timeout.
 const REFUSAL_LINGER: Duration = velo_tls::DEFAULT_HANDSHAKE_TIMEOUT;
@@ -66,6 +74,8 @@ pub(crate) struct Accept {
     pub(crate) tls: Option<Arc<velo_tls::ServerTls>>,
     /// The plane's counters (arrivals refused, those from the wrong worker, TLS mismatches).
     pub(crate) counters: Arc<PlaneCounters>,
+    /// Connections that have not named their stream yet, per source and in all.
+    pub(crate) handshakes: Arc<HandshakeBudget>,
 }
 
 impl ClassicFrontend {
@@ -96,14 +106,19 @@ impl ClassicFrontend {
                     a = listener.accept() => a,
                     () = s.cancelled() => break,
                 };
-                let Ok((stream, _)) = accepted else {
+                let Ok((stream, peer)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let Ok(place) = accept.handshakes.enter(Some(peer.ip())) else {
+                    // Closed unread: a flood learns nothing, and holds nothing.
+                    accept.counters.classic_handshakes_refused.inc();
                     continue;
                 };
                 let (accept, s2) = (accept.clone(), s.clone());
                 t.spawn(async move {
                     tokio::select! {
-                        () = handshake(stream, accept) => {}
+                        () = handshake(stream, accept, place) => {}
                         () = s2.cancelled() => {}
                     }
                 });
@@ -124,7 +139,9 @@ impl ClassicFrontend {
     }
 }
 
-async fn handshake(stream: TcpStream, accept: Accept) {
+/// Reads a new connection's stream name (after TLS) and hands the connection to its pending
+/// handle; `place` in the handshake budget is held until the name is read.
+async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
     let (max, liveness) = (accept.max, accept.liveness);
     let refused = &accept.counters.arrivals_refused;
     let _ = stream.set_nodelay(true);
@@ -174,6 +191,8 @@ async fn handshake(stream: TcpStream, accept: Accept) {
         refused.inc();
         return;
     };
+    // Named: from here on the connection is a stream's, not an unauthenticated stranger's.
+    drop(place);
     let Some(token) = crate::info::parse_token(&h.token) else {
         refused.inc();
         send(&mut stream, KILL).await;
@@ -449,6 +468,7 @@ mod tests {
             liveness: bound,
             tls: None,
             counters: Arc::default(),
+            handshakes: HandshakeBudget::new(CLASSIC_HANDSHAKES, CLASSIC_HANDSHAKES_PER_SOURCE),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();
@@ -472,6 +492,62 @@ mod tests {
             panic!("a plaintext connection");
         };
         crate::classic::socket::assert_liveness(tcp, bound);
+        f.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_source_past_its_handshake_budget_is_closed_at_once_and_another_still_gets_in() {
+        let registry = Arc::new(Registry::new());
+        let counters = Arc::new(PlaneCounters::default());
+        let (tracker, addr) = (TaskTracker::new(), "127.0.0.1:0".parse().unwrap());
+        let accept = Accept {
+            registry: registry.clone(),
+            max: 1 << 20,
+            // A silent connection inside the budget waits this long for its name.
+            liveness: Duration::from_secs(120),
+            tls: None,
+            counters: counters.clone(),
+            handshakes: HandshakeBudget::new(3, 2),
+        };
+        let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
+        let from = |ip: [u8; 4]| {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::from((ip, 0))).unwrap();
+            socket.connect(f.local_addr)
+        };
+        // Two silent connections from one address take its share.
+        let _held = [
+            from([127, 0, 0, 1]).await.unwrap(),
+            from([127, 0, 0, 1]).await.unwrap(),
+        ];
+        // Its third is closed unread, long before any handshake deadline.
+        let mut third = from([127, 0, 0, 1]).await.unwrap();
+        let mut byte = [0u8; 1];
+        let end = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::io::AsyncReadExt::read(&mut third, &mut byte),
+        )
+        .await
+        .expect("the connection past the budget is closed, not kept waiting");
+        assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
+        // The accept loop counts the refusal before it closes the socket.
+        assert_eq!(counters.snapshot().classic_handshakes_refused, 1);
+        // Another address still names its stream and is served.
+        let (ticket, token, rx) = registry.register().unwrap();
+        let mut worker = from([127, 0, 0, 2]).await.unwrap();
+        let hello =
+            serde_json::json!({ "stream": ticket, "token": crate::info::hex_token(&token) })
+                .to_string();
+        worker
+            .write_all(&frame::header(HANDSHAKE, hello.len()))
+            .await
+            .unwrap();
+        worker.write_all(hello.as_bytes()).await.unwrap();
+        let arrival = tokio::time::timeout(Duration::from_secs(60), rx)
+            .await
+            .expect("the other address is served")
+            .unwrap();
+        assert!(matches!(arrival, Arrival::Classic(_)));
         f.shutdown().await;
     }
 }

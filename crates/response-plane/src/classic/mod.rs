@@ -14,5 +14,8 @@ mod mismatch;
 mod socket;
 mod worker;
 
-pub(crate) use frontend::{Accept, ClassicFrontend, ClassicReader, Incoming};
+pub(crate) use frontend::{
+    Accept, CLASSIC_HANDSHAKES, CLASSIC_HANDSHAKES_PER_SOURCE, ClassicFrontend, ClassicReader,
+    Incoming,
+};
 pub(crate) use worker::{ClassicControl, ClassicDialer, ClassicWriter};
