@@ -95,6 +95,7 @@ pub struct ResponsePlaneConfig {
     window: u32,
     idle_timeout: Duration,
     eager_edges: bool,
+    eager_ends: bool,
     ucx_tls: Option<String>,
     ucx_net_devices: Option<String>,
     tls: TlsConfig,
@@ -119,6 +120,7 @@ impl Default for ResponsePlaneConfig {
             window: velo_mux::DEFAULT_WINDOW,
             idle_timeout: velo_mux::DEFAULT_IDLE_TIMEOUT,
             eager_edges: true,
+            eager_ends: true,
             ucx_tls: None,
             ucx_net_devices: None,
             tls: TlsConfig::default(),
@@ -179,6 +181,11 @@ impl ResponsePlaneConfig {
     /// Whether a stream's prologue, first item and end skip the batching delay (velo).
     pub fn eager_edges(&self) -> bool {
         self.eager_edges
+    }
+    /// With [`eager_edges`](Self::eager_edges), whether a stream's end skips the batching
+    /// delay too (velo).
+    pub fn eager_ends(&self) -> bool {
+        self.eager_ends
     }
     /// UCX transports of the plane's own UCX context, if set.
     pub fn ucx_tls(&self) -> Option<&str> {
@@ -251,6 +258,7 @@ impl ResponsePlaneConfig {
         };
         velo_mux::FlushPolicy {
             eager_edges: self.eager_edges,
+            eager_ends: self.eager_ends,
             ..policy
         }
     }
@@ -315,6 +323,14 @@ impl ResponsePlaneConfigBuilder {
     /// between do. Off reproduces a plain fixed delay (Dynamo PR #15231's 5 ms arm).
     pub fn eager_edges(mut self, on: bool) -> Self {
         self.0.eager_edges = on;
+        self
+    }
+    /// With eager edges, flush a stream's end at once too (velo; on by default). Off, the
+    /// end waits for its batch like the items before it: a request completes up to the
+    /// batching delay later, and a closed-loop client's next requests arrive together (fewer,
+    /// larger prefill passes), while the prologue and the first item still go at once.
+    pub fn eager_ends(mut self, on: bool) -> Self {
+        self.0.eager_ends = on;
         self
     }
     /// UCX transports for the velo plane over UCX (`UCX_TLS` syntax, such as `tcp`), applied

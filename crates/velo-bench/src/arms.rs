@@ -134,14 +134,21 @@ pub fn all() -> Vec<Arm> {
     arms
 }
 
-/// Arms run only when named in `--arms`, never by `all`: `velo-tcp-5ms-lazy`, which shows what
-/// eager edges change, and `dynamo-tcp-tls` (feature `peers`), Dynamo's classic plane with its
+/// Arms run only when named in `--arms`, never by `all`: `velo-tcp-5ms-lazy` and
+/// `velo-tcp-5ms-lazy-end`, which show what eager edges and eager ends change, and
+/// `dynamo-tcp-tls` (feature `peers`), Dynamo's classic plane with its
 /// own TLS, which CI's peer smoke run does not cover.
 fn named_only() -> Vec<Arm> {
-    let mut arms = vec![Arm::ours(
-        "velo-tcp-5ms-lazy",
-        "diagnostic: velo-tcp-5ms without eager edges (prologue, first item and end wait for the batch)",
-    )];
+    let mut arms = vec![
+        Arm::ours(
+            "velo-tcp-5ms-lazy",
+            "diagnostic: velo-tcp-5ms without eager edges (prologue, first item and end wait for the batch)",
+        ),
+        Arm::ours(
+            "velo-tcp-5ms-lazy-end",
+            "diagnostic: velo-tcp-5ms whose ends wait for the batch (prologue and first item still go at once)",
+        ),
+    ];
     if cfg!(feature = "peers") {
         arms.push(
             Arm::peer(
@@ -249,6 +256,7 @@ pub fn our_config_at(name: &str, host: IpAddr) -> Result<(ResponsePlaneConfig, b
         "velo-tcp-greedy" => (velo(VeloTransport::Tcp, Batching::Greedy), false),
         "velo-tcp-pass" => (velo(VeloTransport::Tcp, five), true),
         "velo-tcp-5ms-lazy" => (velo(VeloTransport::Tcp, five).eager_edges(false), false),
+        "velo-tcp-5ms-lazy-end" => (velo(VeloTransport::Tcp, five).eager_ends(false), false),
         "velo-ucx" => (velo(VeloTransport::Ucx, five), true),
         "tcp" => (ResponsePlaneConfig::builder().plane(Plane::Classic), false),
         "velo-tcp-5ms-tls" => (velo(VeloTransport::Tcp, five).tls(tls_from_env()), false),
@@ -318,6 +326,8 @@ mod tests {
         }
         let (lazy, _) = our_config("velo-tcp-5ms-lazy").unwrap();
         assert!(!lazy.eager_edges());
+        let (lazy_end, _) = our_config("velo-tcp-5ms-lazy-end").unwrap();
+        assert!(lazy_end.eager_edges() && !lazy_end.eager_ends());
         assert!(all().iter().all(|a| a.name != "velo-tcp-5ms-lazy"));
         assert_eq!(select("velo-tcp-5ms-lazy").unwrap().len(), 1);
     }

@@ -41,6 +41,11 @@ pub struct FlushPolicy {
     /// usual. On by default. (Delaying ends also makes a closed-loop load send its next
     /// requests in clumps, which lengthens prefill passes and so every TTFT.)
     pub eager_edges: bool,
+    /// With `eager_edges` on, whether a stream's end (FINAL or ERROR) is an edge too. Off,
+    /// ends wait for their batch like the items between (the prologue and the first item
+    /// still go at once): a request completes up to `max_delay` later, and a closed-loop
+    /// client's next requests then arrive together. On by default.
+    pub eager_ends: bool,
 }
 
 impl Default for FlushPolicy {
@@ -50,6 +55,7 @@ impl Default for FlushPolicy {
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             max_batch_records: DEFAULT_MAX_BATCH_RECORDS,
             eager_edges: true,
+            eager_ends: true,
         }
     }
 }
@@ -69,8 +75,10 @@ pub struct Pending {
     pub urgent: bool,
     /// The application asked for a flush.
     pub hinted: bool,
-    /// A stream's edge records are pending (see [`FlushPolicy::eager_edges`]).
+    /// A stream's OPEN or first item is pending (see [`FlushPolicy::eager_edges`]).
     pub edge: bool,
+    /// A stream's end (FINAL or ERROR) is pending (see [`FlushPolicy::eager_ends`]).
+    pub end_edge: bool,
 }
 
 /// What the policy decided.
@@ -154,7 +162,7 @@ impl FlushPolicy {
         if pending.hinted {
             return Flush::Now(FlushReason::Hint);
         }
-        if pending.edge && self.eager_edges {
+        if self.eager_edges && (pending.edge || (pending.end_edge && self.eager_ends)) {
             return Flush::Now(FlushReason::Edge);
         }
         if pending.bytes >= self.max_batch_bytes || pending.records >= self.max_batch_records {

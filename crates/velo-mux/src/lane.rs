@@ -115,8 +115,10 @@ pub(crate) struct Tx {
     pub(crate) grant_deadline: Option<Instant>,
     pub(crate) urgent: bool,
     pub(crate) hinted: bool,
-    /// A stream's edge records (OPEN, first item, end) are in the open batch.
+    /// A stream's OPEN or first item is in the open batch.
     pub(crate) edge: bool,
+    /// A stream's end (FINAL or ERROR) is in the open batch.
+    pub(crate) end_edge: bool,
     /// The lane's earliest deadline moved earlier (a batch opened, or a first grant was
     /// queued): the driver must re-arm its timer.
     pub(crate) rearm: bool,
@@ -146,6 +148,7 @@ impl Tx {
             urgent: false,
             hinted: false,
             edge: false,
+            end_edge: false,
             rearm: false,
             ready: VecDeque::new(),
             ready_bytes: 0,
@@ -200,6 +203,7 @@ impl Tx {
             urgent: self.urgent,
             hinted: self.hinted,
             edge: self.edge,
+            end_edge: self.end_edge,
         }
     }
 
@@ -248,6 +252,7 @@ impl Tx {
         self.urgent = false;
         self.hinted = false;
         self.edge = false;
+        self.end_edge = false;
         Some(records)
     }
 
@@ -290,6 +295,7 @@ impl Tx {
         self.urgent = false;
         self.hinted = false;
         self.edge = false;
+        self.end_edge = false;
         self.ready.clear();
         self.ready_bytes = 0;
         self.control_open = 0;

@@ -180,8 +180,9 @@ impl Mux {
             });
         }
         self.stats.payload_bytes_sent += n as u64;
-        // The end is an edge record: the request's completion does not wait for a batch.
-        self.lanes[usize::from(lane.0)].tx.edge = true;
+        // The end is an edge record: the request's completion does not wait for a batch
+        // (unless the policy lets ends wait).
+        self.lanes[usize::from(lane.0)].tx.end_edge = true;
         self.end_stream(key, Event::Finish, StreamEnd::Finished);
         self.update_ready(lane, now);
         Ok(())
@@ -223,8 +224,9 @@ impl Mux {
         self.push_record(lane, &record, false);
         let tx = &mut self.lanes[usize::from(lane.0)].tx;
         tx.touch(now);
-        // An end (here abnormal) is an edge record: it does not wait for a batch.
-        tx.edge = true;
+        // An end (here abnormal) is an edge record: it does not wait for a batch (unless the
+        // policy lets ends wait).
+        tx.end_edge = true;
         self.end_stream(key, Event::Error, StreamEnd::Reset(code));
         self.update_ready(lane, now);
         Ok(())

@@ -463,6 +463,35 @@ fn a_streams_prologue_first_item_and_end_never_wait_for_the_batch() {
 }
 
 #[test]
+fn without_eager_ends_the_first_item_goes_at_once_and_the_end_waits_for_the_batch() {
+    let policy = FlushPolicy {
+        eager_ends: false,
+        ..FlushPolicy::default()
+    };
+    let mut pair = Pair::new(configs(|b| b.flush(policy)));
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.step_now();
+    assert!(
+        pair.accepted.contains_key(&ticket),
+        "the prologue still goes at once"
+    );
+    pair.worker.send(pair.now, s, b"first token").unwrap();
+    pair.step_now();
+    assert!(pair.worker.is_flushed(), "so does the first item");
+    pair.worker_finish(s, b"");
+    pair.step_now();
+    assert!(!pair.worker.is_flushed(), "the end waits for its batch");
+    pair.advance(Duration::from_millis(5));
+    assert!(pair.worker.is_flushed(), "and goes with it");
+    let f = pair.frontend_key(ticket);
+    assert_eq!(
+        ends(&pair.frontend_read(f)),
+        vec![&StreamEnd::Finished],
+        "the stream ends cleanly"
+    );
+}
+
+#[test]
 fn without_eager_edges_even_the_prologue_waits_for_the_batch() {
     let policy = FlushPolicy {
         eager_edges: false,

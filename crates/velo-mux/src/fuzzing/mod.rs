@@ -81,6 +81,8 @@ fn configs(selector: u8) -> (MuxConfig, MuxConfig) {
         FlushPolicy::with_max_delay(FUZZ_MAX_DELAY)
     };
     flush.eager_edges = !bit(5);
+    // No selector bit is left: ends wait for the batch in half of the selectors.
+    flush.eager_ends = selector.count_ones().is_multiple_of(2);
     let frontend_streams = if bit(6) {
         SMALL_MAX_STREAMS
     } else {
