@@ -24,6 +24,15 @@ const LAYERS: &[(&str, &str)] = &[
         "Codec::decode",
         "typed decode (rmp_serde, the item's allocations)",
     ),
+    // Inlined into the client when `Codec::decode` is: its own frames still name it.
+    (
+        "rmp_serde",
+        "typed decode (rmp_serde, the item's allocations)",
+    ),
+    (
+        "serde_core::de",
+        "typed decode (rmp_serde, the item's allocations)",
+    ),
     (
         "drop_in_place<velo_bench::item::EngineOutput",
         "bench client: dropping items",
@@ -294,6 +303,15 @@ mod tests {
             "9abc velo_session::peer::Peer::with (/x/velo-bench)",
         ];
         assert_eq!(layer(&frames), "mux input (frames, records, item copies)");
+        let inlined_decode = [
+            "1 core::str::converts::from_utf8 (/x)",
+            "2 rmp_serde::decode::Deserializer<R,C>::any_inner (/x)",
+            "3 velo_bench::frontend::request::serve::{{closure}} (/x)",
+        ];
+        assert_eq!(
+            layer(&inlined_decode),
+            "typed decode (rmp_serde, the item's allocations)"
+        );
         assert_eq!(
             layer(&["ffff do_syscall_64 ([kernel.kallsyms])"]),
             "kernel (other)"
