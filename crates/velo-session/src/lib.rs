@@ -34,6 +34,7 @@ mod auth;
 #[doc(hidden)]
 pub mod bench;
 mod budget;
+mod builder;
 mod clock;
 #[cfg(feature = "__contract")]
 #[doc(hidden)]

@@ -111,53 +111,31 @@ impl TcpConfig {
 pub struct TcpConfigBuilder(TcpConfig);
 
 impl TcpConfigBuilder {
-    /// `SO_SNDBUF` in bytes, 4 KiB..=1 GiB, set before connect or listen; `None` keeps the
-    /// OS default (default 4 MiB).
-    pub fn send_buffer(mut self, bytes: Option<u32>) -> Self {
-        self.0.send_buffer = bytes;
-        self
-    }
-    /// `SO_RCVBUF` in bytes, 4 KiB..=1 GiB, set before connect or listen; `None` keeps the
-    /// OS default (default 4 MiB).
-    pub fn recv_buffer(mut self, bytes: Option<u32>) -> Self {
-        self.0.recv_buffer = bytes;
-        self
-    }
-    /// Bound on establishing a TCP connection (worker), 1 ms..=1 h (default 3 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.0.connect_timeout = timeout;
-        self
-    }
-    /// Listen backlog (frontend), 1..=65535 (default 1024).
-    pub fn backlog(mut self, backlog: u32) -> Self {
-        self.0.backlog = backlog;
-        self
-    }
-    /// How long the kernel keeps a lane whose peer vanished (`TCP_USER_TIMEOUT`, and
-    /// keepalive probes from a third of it), 100 ms..=1 h like the mux's idle timeout; set it
-    /// to that timeout (default 10 s). `None` leaves the kernel's defaults (retransmissions
-    /// for about 15 minutes).
-    pub fn liveness(mut self, bound: Option<Duration>) -> Self {
-        self.0.liveness = bound;
-        self
-    }
-    /// What velo-session takes (default: its defaults).
-    pub fn session(mut self, session: SessionSettings) -> Self {
-        self.0.session = session;
-        self
-    }
-    /// TLS on the frontend's listener (its certificate, and its clients' CA for mutual TLS);
-    /// `None` for plaintext lanes (the default). Shared, so a reload reaches the running
-    /// listener. Its handshake timeout becomes the session's establish timeout.
-    pub fn tls_server(mut self, tls: Option<Arc<ServerTls>>) -> Self {
-        self.0.tls_server = tls;
-        self
-    }
-    /// TLS on the worker's lanes (how it verifies frontends, its own certificate); `None`
-    /// for plaintext lanes (the default).
-    pub fn tls_client(mut self, tls: Option<Arc<ClientTls>>) -> Self {
-        self.0.tls_client = tls;
-        self
+    velo_session::builder_setters! {
+        /// `SO_SNDBUF` in bytes, 4 KiB..=1 GiB, set before connect or listen; `None` keeps the
+        /// OS default (default 4 MiB).
+        send_buffer: Option<u32>;
+        /// `SO_RCVBUF` in bytes, 4 KiB..=1 GiB, set before connect or listen; `None` keeps the
+        /// OS default (default 4 MiB).
+        recv_buffer: Option<u32>;
+        /// Bound on establishing a TCP connection (worker), 1 ms..=1 h (default 3 s).
+        connect_timeout: Duration;
+        /// Listen backlog (frontend), 1..=65535 (default 1024).
+        backlog: u32;
+        /// How long the kernel keeps a lane whose peer vanished (`TCP_USER_TIMEOUT`, and
+        /// keepalive probes from a third of it), 100 ms..=1 h like the mux's idle timeout; set it
+        /// to that timeout (default 10 s). `None` leaves the kernel's defaults (retransmissions
+        /// for about 15 minutes).
+        liveness: Option<Duration>;
+        /// What velo-session takes (default: its defaults).
+        session: SessionSettings;
+        /// TLS on the frontend's listener (its certificate, and its clients' CA for mutual TLS);
+        /// `None` for plaintext lanes (the default). Shared, so a reload reaches the running
+        /// listener. Its handshake timeout becomes the session's establish timeout.
+        tls_server: Option<Arc<ServerTls>>;
+        /// TLS on the worker's lanes (how it verifies frontends, its own certificate); `None`
+        /// for plaintext lanes (the default).
+        tls_client: Option<Arc<ClientTls>>;
     }
 
     /// Checks every value.
@@ -270,15 +248,17 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_connect_timeout_is_refused() {
-        let t = refusal(|b| b.connect_timeout(Duration::ZERO));
-        assert_eq!(t, "invalid connect_timeout 0ns: must be from 1 ms to 1 h");
-    }
-
-    #[test]
-    fn a_zero_backlog_is_refused() {
-        let b = refusal(|b| b.backlog(0));
-        assert_eq!(b, "invalid backlog 0: must be 1..=65535");
+    fn a_zero_connect_timeout_or_backlog_is_refused_naming_it() {
+        let cases: [(fn(TcpConfigBuilder) -> TcpConfigBuilder, &str); 2] = [
+            (
+                |b| b.connect_timeout(Duration::ZERO),
+                "invalid connect_timeout 0ns: must be from 1 ms to 1 h",
+            ),
+            (|b| b.backlog(0), "invalid backlog 0: must be 1..=65535"),
+        ];
+        for (change, want) in cases {
+            assert_eq!(refusal(change), want);
+        }
     }
 
     #[test]

@@ -125,46 +125,30 @@ impl UcxConfig {
 pub struct UcxConfigBuilder(UcxConfig);
 
 impl UcxConfigBuilder {
-    /// UCX transports (`UCX_TLS` syntax, for example `"tcp"` or `"rc,tcp"`), applied to this
-    /// transport's UCX context with `ucp_config_modify` so the process environment is left
-    /// alone. `None` (the default) keeps UCX's own setting: `UCX_TLS` from the environment
-    /// (checked at start-up), or UCX's default (every transport; with peer-failure handling
-    /// on, UCX then picks tcp or an RDMA transport, never shared memory). An empty list, or
-    /// one without any network transport (for example `"sm,self"`), is refused when built:
-    /// the listener and peer-failure handling need one.
-    pub fn tls(mut self, tls: Option<String>) -> Self {
-        self.0.tls = tls;
-        self
-    }
-    /// UCX devices (`UCX_NET_DEVICES` syntax, for example `"lo"` or `"mlx5_0:1"`), applied
-    /// like [`tls`](Self::tls); an empty list is refused when built. Loopback tests set
-    /// `"lo"` so no second rail over another interface is used.
-    pub fn net_devices(mut self, devices: Option<String>) -> Self {
-        self.0.net_devices = devices;
-        self
-    }
-    /// Where the UCX worker is progressed (default: a task).
-    pub fn engine(mut self, engine: ProgressEngine) -> Self {
-        self.0.engine = engine;
-        self
-    }
-    /// Bound on flushing a closing lane before its endpoint is force-closed, 1 ms..=1 h
-    /// (default 1 s).
-    pub fn close_timeout(mut self, timeout: Duration) -> Self {
-        self.0.close_timeout = timeout;
-        self
-    }
-    /// Bytes received on a lane and not yet read that make the lane fail (peer's fault),
-    /// 64 KiB..=16 GiB (default 256 MiB).
-    pub fn max_lane_queue_bytes(mut self, bytes: usize) -> Self {
-        self.0.max_lane_queue_bytes = bytes;
-        self
-    }
-    /// What velo-session takes (default: its defaults, with a [`DEFAULT_HANDSHAKE_TIMEOUT`]
-    /// handshake bound).
-    pub fn session(mut self, session: SessionSettings) -> Self {
-        self.0.session = session;
-        self
+    velo_session::builder_setters! {
+        /// UCX transports (`UCX_TLS` syntax, for example `"tcp"` or `"rc,tcp"`), applied to this
+        /// transport's UCX context with `ucp_config_modify` so the process environment is left
+        /// alone. `None` (the default) keeps UCX's own setting: `UCX_TLS` from the environment
+        /// (checked at start-up), or UCX's default (every transport; with peer-failure handling
+        /// on, UCX then picks tcp or an RDMA transport, never shared memory). An empty list, or
+        /// one without any network transport (for example `"sm,self"`), is refused when built:
+        /// the listener and peer-failure handling need one.
+        tls: Option<String>;
+        /// UCX devices (`UCX_NET_DEVICES` syntax, for example `"lo"` or `"mlx5_0:1"`), applied
+        /// like [`tls`](Self::tls); an empty list is refused when built. Loopback tests set
+        /// `"lo"` so no second rail over another interface is used.
+        net_devices: Option<String>;
+        /// Where the UCX worker is progressed (default: a task).
+        engine: ProgressEngine;
+        /// Bound on flushing a closing lane before its endpoint is force-closed, 1 ms..=1 h
+        /// (default 1 s).
+        close_timeout: Duration;
+        /// Bytes received on a lane and not yet read that make the lane fail (peer's fault),
+        /// 64 KiB..=16 GiB (default 256 MiB).
+        max_lane_queue_bytes: usize;
+        /// What velo-session takes (default: its defaults, with a [`DEFAULT_HANDSHAKE_TIMEOUT`]
+        /// handshake bound).
+        session: SessionSettings;
     }
 
     /// Checks every value.
