@@ -249,7 +249,8 @@ mod tests {
 
     #[test]
     fn a_zero_connect_timeout_or_backlog_is_refused_naming_it() {
-        let cases: [(fn(TcpConfigBuilder) -> TcpConfigBuilder, &str); 2] = [
+        type Change = fn(TcpConfigBuilder) -> TcpConfigBuilder;
+        let cases: [(Change, &str); 2] = [
             (
                 |b| b.connect_timeout(Duration::ZERO),
                 "invalid connect_timeout 0ns: must be from 1 ms to 1 h",
