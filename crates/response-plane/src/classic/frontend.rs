@@ -457,6 +457,17 @@ impl ClassicReader {
 mod tests {
     use super::*;
 
+    /// What a classic worker sends first: the handshake naming its stream.
+    async fn name_stream(worker: &mut TcpStream, ticket: u64, token: &[u8; 16]) {
+        let hello = serde_json::json!({ "stream": ticket, "token": crate::info::hex_token(token) })
+            .to_string();
+        worker
+            .write_all(&frame::header(HANDSHAKE, hello.len()))
+            .await
+            .unwrap();
+        worker.write_all(hello.as_bytes()).await.unwrap();
+    }
+
     #[tokio::test]
     async fn accepted_sockets_give_up_on_a_vanished_worker_within_the_liveness_bound() {
         let registry = Arc::new(Registry::new());
@@ -473,14 +484,7 @@ mod tests {
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();
         let mut worker = TcpStream::connect(f.local_addr).await.unwrap();
-        let hello =
-            serde_json::json!({ "stream": ticket, "token": crate::info::hex_token(&token) });
-        let hello = hello.to_string();
-        worker
-            .write_all(&frame::header(HANDSHAKE, hello.len()))
-            .await
-            .unwrap();
-        worker.write_all(hello.as_bytes()).await.unwrap();
+        name_stream(&mut worker, ticket, &token).await;
         let arrival = tokio::time::timeout(Duration::from_secs(30), rx)
             .await
             .unwrap()
@@ -535,14 +539,7 @@ mod tests {
         // Another address still names its stream and is served.
         let (ticket, token, rx) = registry.register().unwrap();
         let mut worker = from([127, 0, 0, 2]).await.unwrap();
-        let hello =
-            serde_json::json!({ "stream": ticket, "token": crate::info::hex_token(&token) })
-                .to_string();
-        worker
-            .write_all(&frame::header(HANDSHAKE, hello.len()))
-            .await
-            .unwrap();
-        worker.write_all(hello.as_bytes()).await.unwrap();
+        name_stream(&mut worker, ticket, &token).await;
         let arrival = tokio::time::timeout(Duration::from_secs(60), rx)
             .await
             .expect("the other address is served")
