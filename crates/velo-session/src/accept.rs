@@ -6,6 +6,7 @@
 //! `max_connections` lane places, so a flood of silent or slow handshakes cannot lock real
 //! workers out.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,9 @@ use crate::budget::{Exhausted, HandshakeBudget, HandshakeTicket};
 use crate::handshake::{ReadError, read_frame, refuse, write_frames};
 use crate::io::{EstablishError, LaneListener, RawLane, establish, handshaken};
 use crate::stats::{HandshakeCounters, HandshakeStats};
+
+/// Connections the accept loop takes before it yields its thread to other tasks once.
+const ACCEPT_BURST: usize = 16;
 
 /// Default time a new connection has to complete its HELLO exchange (after its transport's
 /// handshake): 5 s. A peer that connects and says nothing holds a handshake place for at most
@@ -136,7 +140,16 @@ impl AcceptLoop {
         // its CLOSE (a flood learns nothing it needs).
         let refusals = Arc::new(Semaphore::new(self.settings.max_handshakes));
         let counters = &self.accepting.counters;
+        let mut burst = 0usize;
         loop {
+            // A flood is accepted in short bursts: the loop gives its thread back to the lanes'
+            // tasks every `ACCEPT_BURST` connections (tokio's own budget allows 128, some
+            // milliseconds of accepting and refusing on a thread that lanes share).
+            burst += 1;
+            if burst == ACCEPT_BURST {
+                burst = 0;
+                tokio::task::yield_now().await;
+            }
             // Cancel safety: `poll_accept` loses no lane when not polled again.
             let accepted = tokio::select! {
                 a = std::future::poll_fn(|cx| listener.poll_accept(cx)) => a,
@@ -168,7 +181,11 @@ impl AcceptLoop {
         self.accepting.done.cancel();
     }
 
-    /// Sends `lane` a refusal in a task of its own, if a refusal place is free.
+    /// Sends `lane` a refusal, if a refusal place is free: written at once when the socket
+    /// takes it (a fresh connection's buffer always does), so a flood costs no task per
+    /// connection; otherwise finished in a task of its own, bounded by [`REFUSE_TIMEOUT`].
+    ///
+    /// [`REFUSE_TIMEOUT`]: crate::handshake::REFUSE_TIMEOUT
     fn refuse(
         &self,
         mut lane: Box<dyn RawLane>,
@@ -179,10 +196,16 @@ impl AcceptLoop {
         let Ok(permit) = refusals.clone().try_acquire_owned() else {
             return;
         };
-        self.tracker.spawn(async move {
+        let mut refusal = Box::pin(async move {
             refuse(&mut *lane, code, reason).await;
             drop(permit);
         });
+        // A poll that is not ready registers the no-op waker with the socket; the task below
+        // polls again at once, which registers its own.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if refusal.as_mut().poll(&mut cx).is_pending() {
+            self.tracker.spawn(refusal);
+        }
     }
 
     /// Starts `lane`'s handshake in a task of its own.
