@@ -22,13 +22,20 @@ mod ucx;
 
 use std::process::ExitCode;
 
-/// `hostile`: velo-bench's `hostile` binary, in release mode, at full scale.
+/// `hostile`: velo-bench's `hostile` binary, in release mode, at full scale; arguments pick
+/// attacks by a part of their name.
 fn hostile(rest: &[String]) -> Result {
-    if let Some(extra) = rest.first() {
-        return Err(format!("hostile takes no arguments, got {extra:?}").into());
-    }
     cmd::Cmd::cargo()
-        .args(["run", "--release", "-p", "velo-bench", "--bin", "hostile"])
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "velo-bench",
+            "--bin",
+            "hostile",
+            "--",
+        ])
+        .args(rest)
         .run()
 }
 
@@ -65,9 +72,10 @@ Commands:
                            velo-serve over HTTP per plane: a closed loop of N users and
                            an open Poisson loop at R req/s; TTFT, chunk gaps, ITL, tok/s,
                            errors, frontend CPU per token (HTTP vs plane)
-  hostile                  the hostile-peer suite: attacks on a TLS + secret frontend
+  hostile [ATTACK...]      the hostile-peer suite: attacks on a TLS + secret frontend
                            over loopback beside a legitimate worker; one table (outcome,
-                           peak connections and memory, the worker's success and ITL p99)
+                           peak connections and memory, the worker's success and ITL p99);
+                           each ATTACK picks the attacks whose name contains it
   profile [--arm A] [--secs N]
                            where the frontend's CPU goes per token at plane saturation:
                            perf records arm A's frontend (velo-tcp-5ms) for N s (4); one

@@ -41,6 +41,10 @@ pub struct Scale {
     pub items: usize,
     /// Pause between a legitimate request's items (an engine's pass).
     pub item_gap: Duration,
+    /// Whether each attack is compared with a quiet window run just before it, rather than
+    /// with the one quiet window at the start: on a shared machine the quiet latency drifts
+    /// by more than the +10% the suite judges over the minutes a whole table takes.
+    pub paired_quiet: bool,
 }
 
 impl Scale {
@@ -54,6 +58,7 @@ impl Scale {
             streams: 32,
             items: 64,
             item_gap: Duration::from_millis(2),
+            paired_quiet: true,
         }
     }
 
@@ -67,6 +72,7 @@ impl Scale {
             streams: 4,
             items: 16,
             item_gap: Duration::from_millis(2),
+            paired_quiet: false,
         }
     }
 }
@@ -85,15 +91,30 @@ pub struct Row {
     pub peak_connections: usize,
     /// Growth of this process's resident memory at peak, in KiB.
     pub peak_rss_kib: i64,
+    /// CPU time of the frontend and the legitimate worker (this process, the attacker's and
+    /// the sampler's threads left out) over the window, in seconds.
+    pub defender_cpu_s: f64,
     /// The legitimate worker's requests during the attack.
     pub legit: Legit,
+    /// The quiet window this row is compared with.
+    pub quiet: Quiet,
 }
 
-/// The suite's result: a quiet run, then one row per attack.
+/// A window of the legitimate load alone.
+#[derive(Debug, Clone)]
+pub struct Quiet {
+    /// Its requests.
+    pub legit: Legit,
+    /// The frontend's and the legitimate worker's CPU time, in seconds.
+    pub cpu_s: f64,
+}
+
+/// The suite's result: a quiet run, then one row per attack (each with its own quiet window
+/// when [`Scale::paired_quiet`]).
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// The legitimate load alone.
-    pub quiet: Legit,
+    /// The legitimate load alone, before the first attack.
+    pub quiet: Quiet,
     /// Each attack.
     pub rows: Vec<Row>,
 }
@@ -101,32 +122,46 @@ pub struct Report {
 impl Report {
     /// The table, in Markdown.
     pub fn table(&self) -> String {
-        let q = self.quiet.itl_p99_ms();
+        let q = &self.quiet;
         let mut out = format!(
-            "quiet run: {} requests, success {:.2}%, ITL p99 {:.3} ms\n\n",
-            self.quiet.total(),
-            self.quiet.success_pct(),
-            q
+            "quiet run: {} requests, success {:.2}%, ITL p99 {:.3} ms, defender CPU {:.2} s\n\n",
+            q.legit.total(),
+            q.legit.success_pct(),
+            q.legit.itl_p99_ms(),
+            q.cpu_s
         );
-        out.push_str("| attack | outcome | attacker CPU | peak conns | peak RSS | legit success | legit ITL p99 | vs quiet |\n");
-        out.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("| attack | outcome | attacker CPU | defender CPU (quiet) | peak conns | peak RSS | legit success | legit ITL p99 | quiet ITL p99 | vs quiet |\n");
+        out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in &self.rows {
-            let itl = r.legit.itl_p99_ms();
+            let (itl, quiet) = (r.legit.itl_p99_ms(), r.quiet.legit.itl_p99_ms());
             out.push_str(&format!(
-                "| {} | {} | {:.2} s | {} | {:+} KiB | {:.2}% ({}) | {:.3} ms | {:+.1}% |\n",
+                "| {} | {} | {:.2} s | {:.2} s ({:.2} s) | {} | {:+} KiB | {:.2}% ({}) | {:.3} ms | {:.3} ms | {:+.1}% |\n",
                 r.attack,
                 r.outcome,
                 r.attacker_cpu_s,
+                r.defender_cpu_s,
+                r.quiet.cpu_s,
                 r.peak_connections,
                 r.peak_rss_kib,
                 r.legit.success_pct(),
                 r.legit.total(),
                 itl,
-                (itl / q - 1.0) * 100.0
+                quiet,
+                (itl / quiet - 1.0) * 100.0
             ));
         }
         out
     }
+}
+
+/// What one window measured (a [`Row`] without its quiet comparison).
+struct Window {
+    outcome: String,
+    attacker_cpu_s: f64,
+    peak_connections: usize,
+    peak_rss_kib: i64,
+    defender_cpu_s: f64,
+    legit: Legit,
 }
 
 /// The frontend under attack and what the attacks need to reach it.
@@ -187,18 +222,43 @@ impl Target {
         worker(&self.config, instance, &self.tracker)
     }
 
-    /// Runs the quiet baseline, then every attack.
+    /// Runs the quiet baseline, then every attack (each after a quiet window of its own when
+    /// [`Scale::paired_quiet`]).
     pub async fn run(&self, attacks: &[Attack]) -> Report {
-        let quiet = self.measure(None).await.legit;
+        let first = self.quiet().await;
         let mut rows = Vec::new();
         for &a in attacks {
-            rows.push(self.measure(Some(a)).await);
+            let quiet = match self.scale.paired_quiet {
+                true => self.quiet().await,
+                false => first.clone(),
+            };
+            let w = self.measure(Some(a)).await;
+            rows.push(Row {
+                attack: a.name(),
+                outcome: w.outcome,
+                attacker_cpu_s: w.attacker_cpu_s,
+                peak_connections: w.peak_connections,
+                peak_rss_kib: w.peak_rss_kib,
+                defender_cpu_s: w.defender_cpu_s,
+                legit: w.legit,
+                quiet,
+            });
         }
-        Report { quiet, rows }
+        Report { quiet: first, rows }
     }
 
-    async fn measure(&self, attack: Option<Attack>) -> Row {
+    async fn quiet(&self) -> Quiet {
+        let w = self.measure(None).await;
+        Quiet {
+            legit: w.legit,
+            cpu_s: w.defender_cpu_s,
+        }
+    }
+
+    /// One window of the legitimate load, under `attack` if any.
+    async fn measure(&self, attack: Option<Attack>) -> Window {
         let stop = CancellationToken::new();
+        let cpu_before = crate::procfs::cpu_seconds(std::process::id());
         let port = self.frontend.address().port();
         let sampler = tokio::spawn(legit::sample_peak(port, stop.clone()));
         let load = tokio::spawn(legit::run(
@@ -216,13 +276,15 @@ impl Target {
         };
         stop.cancel();
         let legit = load.await.expect("the legitimate load ends");
-        let (peak_connections, peak_rss_kib) = sampler.await.expect("the sampler ends");
-        Row {
-            attack: attack.map_or("none (quiet)", Attack::name),
+        let (peak_connections, peak_rss_kib, sampler_cpu_s) =
+            sampler.await.expect("the sampler ends");
+        let process_cpu_s = crate::procfs::cpu_seconds(std::process::id()) - cpu_before;
+        Window {
             outcome,
             attacker_cpu_s,
             peak_connections,
             peak_rss_kib,
+            defender_cpu_s: process_cpu_s - attacker_cpu_s - sampler_cpu_s,
             legit,
         }
     }
