@@ -79,6 +79,12 @@ pub struct Pending {
     pub edge: bool,
     /// A stream's end (FINAL or ERROR) is pending (see [`FlushPolicy::eager_ends`]).
     pub end_edge: bool,
+    /// A stream spent half of its credit window, or the last of it, on a pending record. The
+    /// frontend returns credit only for records it has read, so a stream that sends faster
+    /// than the batch delay would wait out the rest of the delay with nothing left to send:
+    /// the batch goes at once, under every policy. A stream crosses these marks at most
+    /// twice per window, so batches still carry at least half a window of its records.
+    pub credit_low: bool,
 }
 
 /// What the policy decided.
@@ -108,17 +114,20 @@ pub enum FlushReason {
     /// A stream's edge records (its OPEN with the prologue, its first item, its end) went
     /// out without waiting.
     Edge,
+    /// A stream spent half of its credit window or the last of it ([`Pending::credit_low`]).
+    Credit,
 }
 
 impl FlushReason {
     /// Every reason, in the order of [`MuxStats::flushes`](crate::MuxStats::flushes).
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Control,
         Self::Hint,
         Self::Size,
         Self::Deadline,
         Self::Greedy,
         Self::Edge,
+        Self::Credit,
     ];
 
     /// A short lower-case name for logs and metrics labels.
@@ -130,6 +139,7 @@ impl FlushReason {
             Self::Deadline => "deadline",
             Self::Greedy => "greedy",
             Self::Edge => "edge",
+            Self::Credit => "credit",
         }
     }
 }
@@ -161,6 +171,9 @@ impl FlushPolicy {
         }
         if pending.hinted {
             return Flush::Now(FlushReason::Hint);
+        }
+        if pending.credit_low {
+            return Flush::Now(FlushReason::Credit);
         }
         if self.eager_edges && (pending.edge || (pending.end_edge && self.eager_ends)) {
             return Flush::Now(FlushReason::Edge);
@@ -335,6 +348,26 @@ mod tests {
             ..FlushPolicy::default()
         };
         check(off, p, t0, Flush::At(at(t0, 5)));
+    }
+
+    #[test]
+    fn a_stream_low_on_credit_flushes_at_once_under_every_policy() {
+        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
+        let t0 = Instant::now();
+        let p = Pending {
+            records: 1,
+            bytes: 40,
+            oldest: Some(t0),
+            credit_low: true,
+            ..Pending::default()
+        };
+        let no_edges = FlushPolicy {
+            eager_edges: false,
+            ..FlushPolicy::default()
+        };
+        for policy in [FlushPolicy::default(), no_edges] {
+            check(policy, p, t0, Flush::Now(FlushReason::Credit));
+        }
     }
 
     #[test]

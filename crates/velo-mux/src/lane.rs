@@ -119,6 +119,9 @@ pub(crate) struct Tx {
     pub(crate) edge: bool,
     /// A stream's end (FINAL or ERROR) is in the open batch.
     pub(crate) end_edge: bool,
+    /// A stream spent half of its credit window, or the last of it, on a record in the open
+    /// batch (see [`Pending::credit_low`]).
+    pub(crate) credit_low: bool,
     /// The lane's earliest deadline moved earlier (a batch opened, or a first grant was
     /// queued): the driver must re-arm its timer.
     pub(crate) rearm: bool,
@@ -149,6 +152,7 @@ impl Tx {
             hinted: false,
             edge: false,
             end_edge: false,
+            credit_low: false,
             rearm: false,
             ready: VecDeque::new(),
             ready_bytes: 0,
@@ -204,6 +208,7 @@ impl Tx {
             hinted: self.hinted,
             edge: self.edge,
             end_edge: self.end_edge,
+            credit_low: self.credit_low,
         }
     }
 
@@ -253,6 +258,7 @@ impl Tx {
         self.hinted = false;
         self.edge = false;
         self.end_edge = false;
+        self.credit_low = false;
         Some(records)
     }
 
@@ -296,6 +302,7 @@ impl Tx {
         self.hinted = false;
         self.edge = false;
         self.end_edge = false;
+        self.credit_low = false;
         self.ready.clear();
         self.ready_bytes = 0;
         self.control_open = 0;

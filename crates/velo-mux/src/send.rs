@@ -403,6 +403,9 @@ impl Mux {
         if kind == DataKind::Data {
             h.credit -= 1;
             h.seq += 1;
+            if h.credit == 0 || h.credit == h.window / 2 {
+                self.lanes[i].tx.credit_low = true;
+            }
         }
         Ok((lane, wire, seq))
     }

@@ -396,6 +396,51 @@ fn a_grant_to_a_worker_with_credit_to_spare_waits_for_the_grant_delay() {
 }
 
 #[test]
+fn items_that_spend_half_or_the_last_of_a_streams_credit_go_at_once() {
+    // A stream that sends faster than the batch delay spends its credit before its batch goes:
+    // the frontend returns credit only for records it has read, so holding them stalls the
+    // stream for the rest of the delay.
+    let mut pair = Pair::new(default_configs());
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.worker.send(pair.now, s, b"first").unwrap();
+    pair.drive();
+    let f = pair.frontend_key(ticket);
+    let t0 = pair.now;
+    let window = pair.worker.send_credit(s).unwrap() + 1;
+    let credit = |pair: &Pair| pair.worker.send_credit(s).unwrap();
+    while credit(&pair) > window / 2 + 1 {
+        pair.worker_send(s, b"x");
+    }
+    pair.step_now();
+    assert!(
+        !pair.worker.is_flushed(),
+        "items with credit to spare wait for their batch"
+    );
+    pair.worker_send(s, b"half");
+    assert_eq!(credit(&pair), window / 2);
+    pair.step_now();
+    assert!(
+        pair.worker.is_flushed(),
+        "the item that spends half the window takes its batch along at once"
+    );
+    while credit(&pair) > 1 {
+        pair.worker_send(s, b"y");
+    }
+    pair.step_now();
+    assert!(!pair.worker.is_flushed(), "the next items batch again");
+    pair.worker_send(s, b"last");
+    pair.step_now();
+    assert!(
+        pair.worker.is_flushed(),
+        "the item that spends the last credit goes at once"
+    );
+    assert_eq!(pair.now, t0, "no virtual time passed");
+    let read = pair.frontend_read(f);
+    assert_eq!(items(&read).len(), usize::try_from(window).unwrap());
+    assert_eq!(pair.worker.stats().flushed(FlushReason::Credit), 2);
+}
+
+#[test]
 fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
     let mut pair = Pair::new(default_configs());
     let (s, _) = pair.open_stream(PROLOGUE);
