@@ -65,11 +65,12 @@ impl Mux {
             match frame {
                 Frame::Batch(batch) => {
                     self.stats.batches_received += 1;
-                    for record in batch.records_copying_below(COPY_BELOW) {
-                        self.stats.records_received += 1;
-                        self.on_record(now, lane, record?)?;
-                        self.check_control_bytes(lane)?;
-                    }
+                    // Taken out for the batch, so records can borrow it while `self` handles
+                    // them; put back whatever happens.
+                    let mut arena = std::mem::take(&mut self.arena);
+                    let handled = self.on_batch(now, lane, &batch, &mut arena);
+                    self.arena = arena;
+                    handled?;
                 }
                 Frame::Close(close) => {
                     return Err(LaneError::PeerClosed {
@@ -81,6 +82,21 @@ impl Mux {
                 Frame::Auth(_) => return Err(LaneError::Protocol("AUTH after the handshake")),
             }
         }
+    }
+
+    fn on_batch(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        batch: &velo_wire::Batch,
+        arena: &mut velo_wire::PayloadArena,
+    ) -> Result<(), LaneError> {
+        for record in batch.records_copying_into(COPY_BELOW, arena) {
+            self.stats.records_received += 1;
+            self.on_record(now, lane, record?)?;
+            self.check_control_bytes(lane)?;
+        }
+        Ok(())
     }
 
     fn on_record(&mut self, now: Instant, lane: LaneId, record: Record) -> Result<(), LaneError> {
@@ -526,7 +542,10 @@ impl Mux {
 }
 
 /// Items below this many bytes are copied out of the receive buffer as their record is decoded
-/// ([`velo_wire::Batch::records_copying_below`]); larger ones stay slices of it.
+/// ([`velo_wire::Batch::records_copying_into`]); larger ones stay slices of it. Those of at
+/// most [`velo_wire::ARENA_MAX_PAYLOAD`] (512) bytes share 4 KiB chunks (one allocation per
+/// chunk, not per item), so such an item keeps at most 4 KiB alive; the others get an
+/// allocation of their own.
 ///
 /// A slice keeps its whole buffer alive (a reader's 64 KiB, or a frame of up to 32 MiB), so
 /// a consumer that stops reading would hold a window of buffers for a window of small items:

@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, Bytes};
 
-use crate::{Record, WireError};
+use crate::{PayloadArena, Record, WireError};
 
 /// A received batch frame body.
 ///
@@ -64,6 +64,20 @@ impl Batch {
             pos: 0,
             failed: false,
             copy_below: limit,
+            arena: None,
+        }
+    }
+
+    /// As [`records_copying_below`](Self::records_copying_below), but small payloads are
+    /// copied into `arena`'s shared chunks: one allocation per chunk, not one per payload.
+    pub fn records_copying_into<'a>(
+        &'a self,
+        limit: usize,
+        arena: &'a mut PayloadArena,
+    ) -> Records<'a> {
+        Records {
+            arena: Some(arena),
+            ..self.records_copying_below(limit)
         }
     }
 
@@ -81,6 +95,8 @@ pub struct Records<'a> {
     failed: bool,
     /// Payloads shorter than this are copied, not sliced.
     copy_below: usize,
+    /// Where they are copied to (else each into an allocation of its own).
+    arena: Option<&'a mut PayloadArena>,
 }
 
 impl Records<'_> {
@@ -99,12 +115,15 @@ impl Iterator for Records<'_> {
             return None;
         }
         // Nearly every record is a DATA record with small fields: decode those inline.
-        if let Some(r) = crate::record::decode_data_fast(self.body, &mut self.pos, self.copy_below)
+        let arena = self.arena.as_deref_mut();
+        if let Some(r) =
+            crate::record::decode_data_fast(self.body, &mut self.pos, self.copy_below, arena)
         {
             return Some(Ok(r));
         }
         let r = Record::decode(self.body, &mut self.pos);
         self.failed = r.is_err();
-        Some(r.map(|r| r.owning_payload_below(self.copy_below)))
+        let arena = self.arena.as_deref_mut();
+        Some(r.map(|r| r.owning_payload_below(self.copy_below, arena)))
     }
 }

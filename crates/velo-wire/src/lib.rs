@@ -35,6 +35,7 @@
 //! # Ok::<(), velo_wire::WireError>(())
 //! ```
 
+mod arena;
 mod auth;
 mod batch;
 mod close;
@@ -50,6 +51,7 @@ mod varint;
 #[doc(hidden)]
 pub mod fuzzing;
 
+pub use arena::{ARENA_CHUNK, ARENA_MAX_PAYLOAD, PayloadArena};
 pub use auth::{AUTH_MAC_LEN, Auth};
 pub use batch::{Batch, Records};
 pub use close::{Close, MAX_CLOSE_REASON_LEN};

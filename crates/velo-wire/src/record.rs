@@ -3,7 +3,7 @@
 use bytes::{BufMut, Bytes};
 
 use crate::varint::{self, MAX_LEN_U32, MAX_LEN_U64};
-use crate::{CancelCode, ErrorCode, GoAwayCode, StreamId, Token, WireError};
+use crate::{CancelCode, ErrorCode, GoAwayCode, PayloadArena, StreamId, Token, WireError};
 
 /// One record inside a batch frame.
 ///
@@ -185,9 +185,13 @@ pub fn open_len(stream: StreamId, ticket: u64, prologue_len: u32) -> usize {
 }
 
 impl Record {
-    /// This record with a `Data` or `Final` payload shorter than `limit` bytes copied into an
-    /// allocation of its own; other records unchanged.
-    pub(crate) fn owning_payload_below(self, limit: usize) -> Self {
+    /// This record with a `Data` or `Final` payload shorter than `limit` bytes copied (into
+    /// `arena`, or an allocation of its own); other records unchanged.
+    pub(crate) fn owning_payload_below(
+        self,
+        limit: usize,
+        arena: Option<&mut PayloadArena>,
+    ) -> Self {
         match self {
             Self::Data {
                 stream,
@@ -196,7 +200,7 @@ impl Record {
             } if payload.len() < limit => Self::Data {
                 stream,
                 seq,
-                payload: Bytes::copy_from_slice(&payload),
+                payload: copy_payload(arena, &payload),
             },
             Self::Final {
                 stream,
@@ -205,7 +209,7 @@ impl Record {
             } if payload.len() < limit => Self::Final {
                 stream,
                 seq,
-                payload: Bytes::copy_from_slice(&payload),
+                payload: copy_payload(arena, &payload),
             },
             other => other,
         }
@@ -457,7 +461,12 @@ impl Cursor<'_> {
 /// moving `pos`) so the general decoder handles it, errors included. Same results as
 /// [`Record::decode`] for every input it accepts; the round-trip and malformed tests cover both.
 #[inline(always)]
-pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize, copy_below: usize) -> Option<Record> {
+pub(crate) fn decode_data_fast(
+    body: &Bytes,
+    pos: &mut usize,
+    copy_below: usize,
+    arena: Option<&mut PayloadArena>,
+) -> Option<Record> {
     let b: &[u8] = body;
     let mut p = *pos;
     if *b.get(p)? != kind::DATA {
@@ -473,7 +482,7 @@ pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize, copy_below: usize)
         return None;
     }
     let payload = if len < copy_below {
-        Bytes::copy_from_slice(b.get(p..end)?)
+        copy_payload(arena, b.get(p..end)?)
     } else {
         body.slice(p..end)
     };
@@ -483,6 +492,15 @@ pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize, copy_below: usize)
         seq,
         payload,
     })
+}
+
+/// `src` copied into `arena`, or into an allocation of its own without one.
+#[inline(always)]
+fn copy_payload(arena: Option<&mut PayloadArena>, src: &[u8]) -> Bytes {
+    match arena {
+        Some(a) => a.copy(src),
+        None => Bytes::copy_from_slice(src),
+    }
 }
 
 /// A canonical one- or two-byte varint, else `None`.

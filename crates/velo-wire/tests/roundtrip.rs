@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use velo_wire::{
     Auth, Batch, CAP_AUTH, CAP_WORKER_INSTANCE, CancelCode, Close, CloseCode, ErrorCode, Frame,
-    FrameDecoder, GoAwayCode, Hello, InstanceId, Record, Role, StreamId, Token,
+    FrameDecoder, GoAwayCode, Hello, InstanceId, PayloadArena, Record, Role, StreamId, Token,
 };
 
 const MAX: u32 = 1 << 20;
@@ -216,8 +216,9 @@ fn payloads_are_slices_of_the_received_buffer_not_copies() {
     );
 }
 
-#[test]
-fn records_copying_below_copies_short_payloads_and_slices_the_others() {
+/// A batch with short and long payloads, on the fast path and the general decoder's; its
+/// records, and the batch as a receiver decodes it.
+fn mixed_batch() -> (Vec<Record>, Batch) {
     let s = StreamId::new(1, 0);
     let data = |seq, len: usize| Record::Data {
         stream: s,
@@ -225,7 +226,7 @@ fn records_copying_below_copies_short_payloads_and_slices_the_others() {
         payload: Bytes::from(vec![7u8; len]),
     };
     // A long varint (seq) takes the general decoder's path; the others the fast path.
-    let records = [
+    let records = vec![
         data(0, 10),
         data(1, 200),
         data(1 << 20, 10),
@@ -240,20 +241,57 @@ fn records_copying_below_copies_short_payloads_and_slices_the_others() {
     let Some(Frame::Batch(batch)) = FrameDecoder::new(MAX).decode(&mut src).unwrap() else {
         panic!("a batch");
     };
+    (records, batch)
+}
+
+/// Each decoded payload's start: whether it lies in `body`.
+fn in_body(decoded: &[Record], body: &std::ops::Range<*const u8>) -> Vec<bool> {
+    decoded
+        .iter()
+        .map(|r| match r {
+            Record::Data { payload, .. } | Record::Final { payload, .. } => {
+                body.contains(&payload.as_ptr())
+            }
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+#[test]
+fn records_copying_below_copies_short_payloads_and_slices_the_others() {
+    let (records, batch) = mixed_batch();
     let body = batch.body().as_ptr_range();
     let decoded: Vec<Record> = batch
         .records_copying_below(100)
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(decoded, records, "copying changes no value");
-    let copied: Vec<bool> = decoded
+    assert_eq!(in_body(&decoded, &body), vec![false, true, false, false]);
+}
+
+#[test]
+fn records_copying_into_an_arena_put_short_payloads_side_by_side_in_one_chunk() {
+    let (records, batch) = mixed_batch();
+    let body = batch.body().as_ptr_range();
+    let mut arena = PayloadArena::new();
+    let decoded: Vec<Record> = batch
+        .records_copying_into(100, &mut arena)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(decoded, records, "copying changes no value");
+    assert_eq!(in_body(&decoded, &body), vec![false, true, false, false]);
+    let short: Vec<&Bytes> = [0, 2, 3]
         .iter()
-        .map(|r| match r {
-            Record::Data { payload, .. } | Record::Final { payload, .. } => {
-                !body.contains(&payload.as_ptr())
-            }
+        .map(|&i| match &decoded[i] {
+            Record::Data { payload, .. } | Record::Final { payload, .. } => payload,
             _ => unreachable!(),
         })
         .collect();
-    assert_eq!(copied, vec![true, false, true, true]);
+    for pair in short.windows(2) {
+        assert_eq!(
+            pair[0].as_ptr().wrapping_add(pair[0].len()),
+            pair[1].as_ptr(),
+            "copied next to each other, in one chunk"
+        );
+    }
 }
