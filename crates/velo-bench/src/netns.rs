@@ -3,8 +3,13 @@
 //!
 //! Loopback has a 64 KiB MTU and no per-packet device cost, which hides what a plane saves in
 //! packets. On this topology a TCP segment is at most 1448 bytes of payload and every packet
-//! crosses two veth devices and a bridge, as on a real network (offloads left as the kernel
-//! sets them, as a NIC's would be). The bench creates the namespaces before a run and removes
+//! crosses two veth devices and a bridge, as on a real network. Every veth takes one segment
+//! per packet (`gso_max_segs 1`): the kernel segments TCP and UDP (a QUIC sender's GSO
+//! batches) before the device, as a NIC without segmentation offload would, so a device's
+//! packet counter counts wire packets whatever the protocol
+//! ([`procfs::device_tx_packets_of`](crate::procfs::device_tx_packets_of)). A veth left with its
+//! offloads would pass a UDP GSO batch of up to 64 datagrams as one packet, while TCP's
+//! counters count segments: packets per token would not compare. The bench creates the namespaces before a run and removes
 //! them when the [`Netns`] is dropped; it needs root (or `CAP_SYS_ADMIN` and `CAP_NET_ADMIN`)
 //! and iproute2's `ip`.
 
@@ -14,6 +19,8 @@ use std::process::{Command, Stdio};
 
 /// The MTU of every veth device.
 pub const MTU: u32 = 1500;
+/// Each host's device, in its own namespace.
+pub const DEVICE: &str = "eth0";
 /// Hosts at most (addresses `10.213.0.1` to `10.213.0.250` of a /24).
 pub const MAX_HOSTS: usize = 250;
 /// The hosts' subnet: `10.213.0.0/24`.
@@ -31,7 +38,8 @@ pub struct Netns {
 
 impl Netns {
     /// Creates a switch namespace with a bridge and `hosts` host namespaces, each with one
-    /// veth device (`eth0`, MTU [`MTU`], address `10.213.0.<i+1>/24`) plugged into the bridge.
+    /// veth device (`eth0`, MTU [`MTU`], one segment per packet, address `10.213.0.<i+1>/24`)
+    /// plugged into the bridge.
     ///
     /// # Errors
     ///
@@ -58,15 +66,18 @@ impl Netns {
             ip(None, &format!("netns add {ns}"))?;
             me.hosts = i + 1;
             links.push_str(&format!(
-                "link add eth0 netns {ns} mtu {MTU} type veth peer name p{i} netns {sw} mtu {MTU}\n"
+                "link add {DEVICE} netns {ns} mtu {MTU} type veth peer name p{i} netns {sw} mtu {MTU}\n"
             ));
-            switch.push_str(&format!("link set p{i} master br0 up\n"));
+            switch.push_str(&format!(
+                "link set dev p{i} gso_max_segs 1\nlink set p{i} master br0 up\n"
+            ));
         }
         ip_batch(None, &links)?;
         ip_batch(Some(&sw), &switch)?;
         for i in 0..hosts {
             let script = format!(
-                "addr add {}/24 dev eth0\nlink set eth0 up\nlink set lo up\n",
+                "addr add {}/24 dev {DEVICE}\nlink set dev {DEVICE} gso_max_segs 1\n\
+                 link set {DEVICE} up\nlink set lo up\n",
                 me.address(i)
             );
             ip_batch(Some(&me.namespace(i)), &script)?;

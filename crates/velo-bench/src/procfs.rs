@@ -104,9 +104,24 @@ pub fn sent_packets() -> u64 {
     packets_in("/proc/net/snmp")
 }
 
-/// Packets sent in the network namespace of process `pid`, as [`sent_packets`] counts them.
-pub fn sent_packets_of(pid: u32) -> u64 {
-    packets_in(&format!("/proc/{pid}/net/snmp"))
+/// Packets device `dev` has sent in the network namespace of process `pid` (its
+/// `/proc/<pid>/net/dev` row), or 0 if the process or the device is gone. On the netns
+/// topology, whose devices take one segment per packet, these are wire packets.
+pub fn device_tx_packets_of(pid: u32, dev: &str) -> u64 {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
+    tx_packets_in(&table, dev)
+}
+
+/// The transmitted-packets column of device `dev`'s row in a `/proc/net/dev` table.
+fn tx_packets_in(table: &str, dev: &str) -> u64 {
+    table
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim() == dev)
+        // Receive: bytes packets errs drop fifo frame compressed multicast; then transmit:
+        // bytes packets ...
+        .and_then(|(_, counters)| counters.split_whitespace().nth(9)?.parse().ok())
+        .unwrap_or(0)
 }
 
 fn packets_in(path: &str) -> u64 {
@@ -213,13 +228,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_devices_sent_packets_are_read_from_its_net_dev_row() {
+        let table = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:     840      12    0    0    0     0          0         0      840      12    0    0    0     0       0          0
+  eth0: 1532117    4210    0    0    0     0          0         0  9876543    7351    0    0    0     0       0          0
+";
+        assert_eq!(tx_packets_in(table, "eth0"), 7351);
+        assert_eq!(tx_packets_in(table, "lo"), 12);
+        assert_eq!(tx_packets_in(table, "eth1"), 0);
+        assert_eq!(tx_packets_in("garbage", "eth0"), 0);
+    }
+
+    #[test]
     fn context_switches_are_read_from_each_threads_status() {
         let status = "Name:\tx\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
         let n = switches_in(status);
         assert_eq!((n.voluntary, n.involuntary), (120, 7));
         assert_eq!(switches_in("garbage"), ContextSwitches::default());
         assert_eq!(context_switches(u32::MAX), ContextSwitches::default());
-        assert_eq!(sent_packets_of(u32::MAX), 0);
+        assert_eq!(device_tx_packets_of(u32::MAX, "eth0"), 0);
         assert_eq!(run_queue_wait_seconds(u32::MAX), 0.0);
         assert!(run_queue_wait_seconds(std::process::id()) >= 0.0);
         assert!(softirq_seconds() >= 0.0);

@@ -54,10 +54,13 @@ impl Fleet {
                 .map(|p| procfs::context_switches(*p).voluntary)
                 .sum::<u64>()
         };
+        // On the netns topology each process has a namespace and a device of its own, which
+        // counts wire packets (see `netns`); on loopback, the host's TCP segments and UDP
+        // datagrams as sent.
         let packets = if self.netns {
             fe.iter()
                 .chain(&self.workers)
-                .map(|p| procfs::sent_packets_of(*p))
+                .map(|p| procfs::device_tx_packets_of(*p, crate::netns::DEVICE))
                 .sum()
         } else {
             procfs::sent_packets()
