@@ -231,28 +231,37 @@ mod tests {
         base + Duration::from_millis(ms)
     }
 
+    /// The epoch of a virtual clock (never read again).
+    fn epoch() -> Instant {
+        #[allow(clippy::disallowed_methods)]
+        Instant::now()
+    }
+
+    /// One 40-byte record, queued at `t0`.
+    fn one_record(t0: Instant) -> Pending {
+        Pending {
+            records: 1,
+            bytes: 40,
+            oldest: Some(t0),
+            ..Pending::default()
+        }
+    }
+
     fn check(policy: FlushPolicy, pending: Pending, now: Instant, expect: Flush) {
         assert_eq!(policy.decide(&pending, now), expect, "{pending:?}");
     }
 
     #[test]
     fn nothing_pending_is_idle() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
+        let t0 = epoch();
         check(FlushPolicy::default(), Pending::default(), t0, Flush::Idle);
         check(FlushPolicy::greedy(), Pending::default(), t0, Flush::Idle);
     }
 
     #[test]
     fn a_record_waits_at_most_max_delay() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
-        let p = Pending {
-            records: 1,
-            bytes: 100,
-            oldest: Some(t0),
-            ..Pending::default()
-        };
+        let t0 = epoch();
+        let p = one_record(t0);
         let policy = FlushPolicy::default();
         check(policy, p, t0, Flush::At(at(t0, 5)));
         check(policy, p, at(t0, 4), Flush::At(at(t0, 5)));
@@ -262,14 +271,8 @@ mod tests {
 
     #[test]
     fn greedy_flushes_whenever_data_is_pending() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
-        let p = Pending {
-            records: 1,
-            bytes: 10,
-            oldest: Some(t0),
-            ..Pending::default()
-        };
+        let t0 = epoch();
+        let p = one_record(t0);
         check(
             FlushPolicy::greedy(),
             p,
@@ -280,8 +283,7 @@ mod tests {
 
     #[test]
     fn hints_and_control_flush_immediately() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
+        let t0 = epoch();
         let p = Pending {
             records: 3,
             bytes: 300,
@@ -312,8 +314,7 @@ mod tests {
 
     #[test]
     fn size_caps_flush_before_the_deadline() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
+        let t0 = epoch();
         let policy = FlushPolicy::default();
         let bytes = Pending {
             records: 10,
@@ -333,14 +334,10 @@ mod tests {
 
     #[test]
     fn a_streams_edge_records_flush_at_once_unless_turned_off() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
+        let t0 = epoch();
         let p = Pending {
-            records: 1,
-            bytes: 40,
-            oldest: Some(t0),
             edge: true,
-            ..Pending::default()
+            ..one_record(t0)
         };
         check(FlushPolicy::default(), p, t0, Flush::Now(FlushReason::Edge));
         let off = FlushPolicy {
@@ -352,14 +349,10 @@ mod tests {
 
     #[test]
     fn a_stream_low_on_credit_flushes_at_once_under_every_policy() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
+        let t0 = epoch();
         let p = Pending {
-            records: 1,
-            bytes: 40,
-            oldest: Some(t0),
             credit_low: true,
-            ..Pending::default()
+            ..one_record(t0)
         };
         let no_edges = FlushPolicy {
             eager_edges: false,
@@ -372,8 +365,7 @@ mod tests {
 
     #[test]
     fn grants_have_their_own_deadline() {
-        #[allow(clippy::disallowed_methods)] // the epoch of a virtual clock; never read again
-        let t0 = Instant::now();
+        let t0 = epoch();
         let g = Pending {
             records: 1,
             bytes: 4,
