@@ -79,3 +79,30 @@ fn two_frontends_and_three_worker_processes_hold_lanes_times_processes_times_fro
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A veth left with its offloads passes a UDP GSO send of many datagrams as one packet while
+/// TCP's counters count segments, so packets per token would not compare across planes: every
+/// host's device takes one segment per packet, and its packet counter counts wire packets.
+#[test]
+fn every_hosts_device_takes_one_segment_per_packet() {
+    let topology = match velo_bench::netns::Netns::create(2) {
+        Ok(t) => t,
+        Err(e) if e.contains("network namespaces cannot be made here") => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    for host in 0..2 {
+        let ns = topology.namespace(host);
+        let out = Command::new("ip")
+            .args(["-n", &ns, "-d", "link", "show", velo_bench::netns::DEVICE])
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            shown.contains("gso_max_segs 1 "),
+            "host {host}'s device: {shown}"
+        );
+    }
+}
