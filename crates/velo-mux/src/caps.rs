@@ -3,7 +3,10 @@
 //! - **pending opens** (frontend): streams the worker opened that the application has not
 //!   answered yet (ACCEPT or CANCEL). Past `max_pending_opens` an OPEN is refused with CANCEL
 //!   `too_many_streams` before any stream state is kept, counted `pending_opens_refused`,
-//!   and it is churn (the churn limit closes a lane that keeps at it).
+//!   and it is churn (the churn limit closes a lane that keeps at it). Input pauses at half
+//!   of it ([`Mux::wants_input`]) until the application answers, so a legitimate burst waits
+//!   in the socket; only input already read (one frame can carry thousands of OPENs) can
+//!   reach the cap.
 //! - **control bytes** (both sides): records that carry no stream payload (ACCEPT, CANCEL,
 //!   CREDIT, STOP, HEARTBEAT, GOAWAY), queued and not yet taken by the transport. Input
 //!   pauses at half of `max_control_bytes` ([`Mux::wants_input`]), so a peer that merely
@@ -42,10 +45,20 @@ impl Mux {
             return;
         };
         let Half::Recv(r) = &mut s.half else { return };
+        let lane = s.lane;
         if std::mem::take(&mut r.pending)
-            && let Some(l) = self.lanes.get_mut(usize::from(s.lane.0))
+            && let Some(l) = self.lanes.get_mut(usize::from(lane.0))
         {
             l.pending_opens = l.pending_opens.saturating_sub(1);
+            // Input paused on unanswered OPENs resumes once they are under half the cap again.
+            if l.blocked
+                && l.pending_opens < self.config.pending_opens_pause()
+                && l.tx.buffered() <= self.config.max_buffered_bytes / 2
+                && l.tx.control_bytes() < self.config.max_control_bytes / 2
+            {
+                l.blocked = false;
+                self.events.push_back(crate::MuxEvent::LaneWritable(lane));
+            }
         }
     }
 

@@ -191,6 +191,12 @@ impl MuxConfig {
     pub fn max_pending_opens(&self) -> u32 {
         self.max_pending_opens
     }
+
+    /// Unanswered OPENs on a lane at which its input pauses: half of `max_pending_opens`, at
+    /// least 1.
+    pub(crate) fn pending_opens_pause(&self) -> u32 {
+        (self.max_pending_opens / 2).max(1)
+    }
     /// Most control bytes queued on a lane; input pauses at half of it, and input that
     /// queues past it closes the lane.
     pub fn max_control_bytes(&self) -> usize {

@@ -189,18 +189,24 @@ impl Mux {
     }
 
     /// Whether the driver should read more input for `lane`: not while the bytes queued for
-    /// the peer on it are at [`MuxConfig::max_buffered_bytes`], or its control bytes at half
-    /// of [`MuxConfig::max_control_bytes`] (input can queue more: refused OPENs, violations).
+    /// the peer on it are at [`MuxConfig::max_buffered_bytes`], its control bytes at half
+    /// of [`MuxConfig::max_control_bytes`] (input can queue more: refused OPENs, violations),
+    /// or its unanswered OPENs at half of [`MuxConfig::max_pending_opens`] (a reader that ran
+    /// ahead of the application would refuse a legitimate burst of OPENs past the cap).
     /// A driver that gets `false` stops reading until [`MuxEvent::LaneWritable`] (the peer
-    /// read enough) or the lane closes, so a peer that sends without reading cannot grow this
-    /// side's queue.
+    /// read enough, or the application answered) or the lane closes, so a peer that sends
+    /// without reading cannot grow this side's queue.
     pub fn wants_input(&mut self, lane: LaneId) -> bool {
         let max = self.config.max_buffered_bytes;
         let max_control = self.config.max_control_bytes / 2;
+        let max_pending = self.config.pending_opens_pause();
         let Some(l) = self.lanes.get_mut(usize::from(lane.0)) else {
             return true;
         };
-        if l.state != LaneState::Up || (l.tx.buffered() < max && l.tx.control_bytes() < max_control)
+        if l.state != LaneState::Up
+            || (l.tx.buffered() < max
+                && l.tx.control_bytes() < max_control
+                && l.pending_opens < max_pending)
         {
             return true;
         }

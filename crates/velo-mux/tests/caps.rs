@@ -73,6 +73,28 @@ fn opens_past_the_pending_cap_are_refused_until_the_application_answers() {
     assert_eq!(pair.frontend.stats().pending_opens_refused, 2);
 }
 
+#[test]
+fn input_pauses_at_half_the_pending_cap_and_resumes_once_the_application_answers() {
+    // A worker opening thousands of streams at once is legitimate: its OPENs wait in the
+    // socket while the application answers, instead of being refused past the cap (a loaded
+    // frontend whose reader ran ahead of its application refused a legitimate burst).
+    let mut pair = pair(|c| c.max_pending_opens(8));
+    let four: Vec<_> = (0..4).map(open).collect();
+    inject(&mut pair, LANE, &four).unwrap();
+    let pending = opened(&mut pair);
+    assert_eq!(pending.len(), 4);
+    assert!(
+        !pair.frontend.wants_input(LANE),
+        "half the cap unanswered: the driver stops reading"
+    );
+    pair.frontend.accept_stream(pair.now, pending[0]);
+    assert!(pair.frontend.wants_input(LANE), "answered: input resumes");
+    let writable = std::iter::from_fn(|| pair.frontend.poll_event())
+        .any(|e| matches!(e, MuxEvent::LaneWritable(LANE)));
+    assert!(writable, "the driver is told it may read again");
+    assert_eq!(pair.frontend.stats().pending_opens_refused, 0);
+}
+
 /// Frontend input: `n` OPENs each followed by a second OPEN of the same live stream, a
 /// violation the frontend answers with a CANCEL of its own: control bytes for every pair.
 fn violations(first_slot: u32, n: u32) -> BytesMut {
