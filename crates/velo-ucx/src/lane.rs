@@ -38,6 +38,9 @@ pub(crate) struct Inbox {
     state: Mutex<InboxState>,
 }
 
+/// Bytes a read takes at least when the caller's buffer has no room left.
+const MIN_READ: usize = 4096;
+
 #[derive(Debug, Default)]
 struct InboxState {
     ready: BytesMut,
@@ -83,16 +86,20 @@ impl Inbox {
         }
     }
 
-    /// Moves every ready byte into `buf`; at the end, 0 (an orderly end) or the failure.
+    /// Moves ready bytes into `buf`, at most its spare capacity (at least [`MIN_READ`]); at the
+    /// end, 0 (an orderly end) or the failure.
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
         let mut st = self.lock();
         if !st.ready.is_empty() {
-            let n = st.ready.len();
-            if buf.is_empty() {
+            // At most the room left in `buf`, as a socket read: the reader can then pause
+            // between reads (`Mux::wants_input`) with the rest still here, holding the peer
+            // back, instead of taking megabytes of OPENs in one go.
+            let room = (buf.capacity() - buf.len()).max(MIN_READ);
+            let n = st.ready.len().min(room);
+            if buf.is_empty() && n == st.ready.len() {
                 std::mem::swap(buf, &mut st.ready);
             } else {
-                buf.extend_from_slice(&st.ready);
-                st.ready.clear();
+                buf.extend_from_slice(&st.ready.split_to(n));
             }
             return Poll::Ready(Ok(n));
         }
@@ -301,5 +308,34 @@ impl LaneWrite for UcxWrite {
 
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.writer.poll_close(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_takes_at_most_the_room_left_in_the_readers_buffer() {
+        let inbox = Inbox::default();
+        inbox.push(&mut BytesMut::from(&[7u8; 100_000][..]));
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let Poll::Ready(Ok(n)) = inbox.poll_read(&mut cx, &mut buf) else {
+            panic!("bytes are ready");
+        };
+        assert!(n <= 16 * 1024, "took {n} bytes into a 16 KiB buffer");
+        assert_eq!(buf.len(), n);
+        // The rest stays for the next reads, in order.
+        let mut total = n;
+        while let Poll::Ready(Ok(m)) =
+            inbox.poll_read(&mut cx, &mut BytesMut::with_capacity(16 * 1024))
+        {
+            if m == 0 {
+                break;
+            }
+            total += m;
+        }
+        assert_eq!(total, 100_000);
     }
 }
