@@ -20,7 +20,7 @@
 use velo_wire::Record;
 
 use crate::stream::Half;
-use crate::{LaneError, LaneId, Mux, StreamKey};
+use crate::{LaneError, LaneId, Mux, MuxEvent, StreamKey};
 
 impl Mux {
     /// Frontend: whether `lane` holds `max_pending_opens` unanswered streams (an OPEN must
@@ -50,15 +50,25 @@ impl Mux {
             && let Some(l) = self.lanes.get_mut(usize::from(lane.0))
         {
             l.pending_opens = l.pending_opens.saturating_sub(1);
-            // Input paused on unanswered OPENs resumes once they are under half the cap again.
-            if l.blocked
-                && l.pending_opens < self.config.pending_opens_pause()
-                && l.tx.buffered() <= self.config.max_buffered_bytes / 2
-                && l.tx.control_bytes() < self.config.max_control_bytes / 2
-            {
-                l.blocked = false;
-                self.events.push_back(crate::MuxEvent::LaneWritable(lane));
-            }
+            self.resume_input(lane);
+        }
+    }
+
+    /// A lane whose input [`Mux::wants_input`] paused resumes ([`MuxEvent::LaneWritable`])
+    /// once every bound that pauses it has room again: the bytes queued for the peer at half
+    /// of `max_buffered_bytes` or less, its control bytes and its unanswered OPENs under half
+    /// of their caps. Called wherever one of them falls: a transmit, an answer.
+    pub(crate) fn resume_input(&mut self, lane: LaneId) {
+        let Some(l) = self.lanes.get_mut(usize::from(lane.0)) else {
+            return;
+        };
+        if l.blocked
+            && l.tx.buffered() <= self.config.max_buffered_bytes / 2
+            && l.tx.control_bytes() < self.config.max_control_bytes / 2
+            && l.pending_opens < self.config.pending_opens_pause()
+        {
+            l.blocked = false;
+            self.events.push_back(MuxEvent::LaneWritable(lane));
         }
     }
 

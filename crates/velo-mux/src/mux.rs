@@ -371,18 +371,12 @@ impl Mux {
         l.tx.last_tx = now;
         l.writing_since.get_or_insert(now);
         self.stats.bytes_sent += bytes as u64;
-        if l.blocked
-            && l.tx.buffered() <= self.config.max_buffered_bytes / 2
-            && l.tx.control_bytes() < self.config.max_control_bytes / 2
-        {
-            l.blocked = false;
-            self.events.push_back(MuxEvent::LaneWritable(lane));
-        }
         if !l.tx.ready.is_empty() {
             // More than one transmit's worth: the writer must come back.
             l.signalled = true;
             self.ready_lanes |= 1 << lane.0;
         }
+        self.resume_input(lane);
         Some(Transmit { bytes, chunks })
     }
 

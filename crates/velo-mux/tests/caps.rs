@@ -95,6 +95,34 @@ fn input_pauses_at_half_the_pending_cap_and_resumes_once_the_application_answers
     assert_eq!(pair.frontend.stats().pending_opens_refused, 0);
 }
 
+#[test]
+fn a_transmit_does_not_resume_input_paused_on_unanswered_opens() {
+    // Writing out an ACCEPT frees bytes, not OPENs: input stays paused until the application
+    // answers enough of them (a resume here made the driver read, then pause again at once).
+    let mut pair = pair(|c| c.max_pending_opens(8));
+    let five: Vec<_> = (0..5).map(open).collect();
+    inject(&mut pair, LANE, &five).unwrap();
+    let pending = opened(&mut pair);
+    assert!(!pair.frontend.wants_input(LANE), "five of eight unanswered");
+    while pair.frontend.poll_event().is_some() {}
+    pair.frontend.accept_stream(pair.now, pending[0]);
+    pair.frontend.flush_hint(pair.now);
+    let mut out = Vec::new();
+    while pair
+        .frontend
+        .poll_transmit(pair.now, LANE, &mut out)
+        .is_some()
+    {}
+    assert!(!out.is_empty(), "the ACCEPT was written");
+    let resumed = std::iter::from_fn(|| pair.frontend.poll_event())
+        .any(|e| matches!(e, MuxEvent::LaneWritable(LANE)));
+    assert!(!resumed, "four OPENs, half the cap, are still unanswered");
+    pair.frontend.accept_stream(pair.now, pending[1]);
+    let resumed = std::iter::from_fn(|| pair.frontend.poll_event())
+        .any(|e| matches!(e, MuxEvent::LaneWritable(LANE)));
+    assert!(resumed, "three unanswered: input resumes");
+}
+
 /// Frontend input: `n` OPENs each followed by a second OPEN of the same live stream, a
 /// violation the frontend answers with a CANCEL of its own: control bytes for every pair.
 fn violations(first_slot: u32, n: u32) -> BytesMut {
