@@ -22,16 +22,20 @@ use crate::{Result, flags};
 const LAYERS: &[(&str, &str)] = &[
     (
         "Codec::decode",
-        "typed decode (rmp_serde, the item's allocations)",
+        "typed decode (MessagePack, the item's allocations)",
     ),
     // Inlined into the client when `Codec::decode` is: its own frames still name it.
     (
+        "response_plane::msgpack",
+        "typed decode (MessagePack, the item's allocations)",
+    ),
+    (
         "rmp_serde",
-        "typed decode (rmp_serde, the item's allocations)",
+        "typed decode (MessagePack, the item's allocations)",
     ),
     (
         "serde_core::de",
-        "typed decode (rmp_serde, the item's allocations)",
+        "typed decode (MessagePack, the item's allocations)",
     ),
     (
         "drop_in_place<velo_bench::item::EngineOutput",
@@ -310,7 +314,7 @@ mod tests {
         ];
         assert_eq!(
             layer(&inlined_decode),
-            "typed decode (rmp_serde, the item's allocations)"
+            "typed decode (MessagePack, the item's allocations)"
         );
         assert_eq!(
             layer(&["ffff do_syscall_64 ([kernel.kallsyms])"]),
@@ -333,7 +337,7 @@ mod tests {
             "1 a::Codec::decode (/b)\n\n2 tokio::runtime::park (/b)\n\n3 x::Codec::decode (/b)\n\n";
         let t = table("arm", 0.3, script);
         assert!(
-            t.contains("| typed decode (rmp_serde, the item's allocations) | 66.7% | 200 |"),
+            t.contains("| typed decode (MessagePack, the item's allocations) | 66.7% | 200 |"),
             "{t}"
         );
         assert!(t.contains("| tokio: scheduler | 33.3% | 100 |"), "{t}");

@@ -33,10 +33,10 @@ impl Codec {
         r.map_err(ResponseError::Encode)
     }
 
-    /// Decodes one item.
+    /// Decodes one item (MessagePack: see [`crate::msgpack`] for the reader and its fallback).
     pub(crate) fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, ResponseError> {
         let r = match self {
-            Self::Msgpack => rmp_serde::from_slice(bytes).map_err(Cause::msgpack_decode),
+            Self::Msgpack => crate::msgpack::from_slice(bytes).map_err(Cause::msgpack_decode),
             Self::Json => serde_json::from_slice(bytes).map_err(Cause::json),
         };
         r.map_err(ResponseError::Decode)

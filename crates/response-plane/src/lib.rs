@@ -77,6 +77,7 @@ mod frontend;
 #[doc(hidden)]
 pub mod fuzzing;
 mod info;
+mod msgpack;
 mod observe;
 mod prologue;
 mod registry;

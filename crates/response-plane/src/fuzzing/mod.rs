@@ -3,7 +3,8 @@
 //!
 //! - [`parsers`] is the `prologue` target: what a peer or a request hands this crate to
 //!   parse, selected by the first byte: a stream's prologue, a typed item in each codec
-//!   (MessagePack with field names, JSON), a stream address from a request, and the
+//!   (MessagePack with field names, JSON; the fast MessagePack reader checked against
+//!   `rmp_serde`), a stream address from a request, and the
 //!   plane's environment settings.
 //! - [`classic_stream`] is the `classic_reader` target (in `classic.rs`): the bytes of one
 //!   classic-plane connection as the frontend reads them, or the frontend's control messages
@@ -79,10 +80,24 @@ fn check_prologue(bytes: &[u8]) {
     assert_eq!(decoded, again, "a prologue does not survive re-encoding");
 }
 
+/// Decodes one MessagePack item as a stream does (the codec bench's entry point).
+///
+/// # Errors
+///
+/// When the bytes are not a MessagePack encoding of `T`.
+pub fn decode_msgpack<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ResponseError> {
+    Codec::Msgpack.decode(bytes)
+}
+
 /// An item decodes (or is refused) in `codec`, as does any value, whatever its nesting; a
 /// decoded item re-encodes to bytes that decode again (and, in MessagePack, re-encode
 /// identically).
 fn check_item(codec: Codec, bytes: &[u8]) {
+    if codec == Codec::Msgpack {
+        fast_reader_agrees::<Item>(bytes);
+        fast_reader_agrees::<serde_json::Value>(bytes);
+        fast_reader_agrees::<TypedError>(bytes);
+    }
     let _: Result<IgnoredAny, ResponseError> = codec.decode(bytes);
     let _: Result<TypedError, ResponseError> = codec.decode(bytes);
     let Ok(item) = codec.decode::<Item>(bytes) else {
@@ -101,6 +116,18 @@ fn check_item(codec: Codec, bytes: &[u8]) {
             .encode(&again, &mut second)
             .expect("a decoded item encodes");
         assert_eq!(first, second, "MessagePack re-encoding is not stable");
+    }
+}
+
+/// Whatever the fast MessagePack reader decodes, `rmp_serde` decodes to the same value.
+fn fast_reader_agrees<T: serde::de::DeserializeOwned + std::fmt::Debug>(bytes: &[u8]) {
+    if let Some(value) = crate::msgpack::fast::<T>(bytes) {
+        let reference = rmp_serde::from_slice::<T>(bytes).map_err(|e| e.to_string());
+        assert_eq!(
+            format!("{:?}", Ok::<_, String>(value)),
+            format!("{reference:?}"),
+            "the fast MessagePack reader disagrees with rmp_serde"
+        );
     }
 }
 
