@@ -241,13 +241,13 @@ pub fn print_table(arms: &[ArmReport]) {
 /// batching.
 fn print_engines(arms: &[ArmReport]) {
     println!(
-        "| arm | prefill passes/s | new req/prefill | decode-only passes/s | prefill time % | pass lag ms | arrival gap CV | clustered arrivals % |"
+        "| arm | prefill passes/s | new req/prefill | decode-only passes/s | prefill time % | pass lag ms | arrival gap CV | clustered arrivals % | each run: out tok/s (new req/prefill) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
     for a in arms {
         let e = &a.median.engines;
         println!(
-            "| {} | {:.0} | {:.2} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {:.0} | {:.2} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} | {} |",
             a.arm,
             e.prefill_passes_per_s,
             e.new_per_prefill,
@@ -256,9 +256,26 @@ fn print_engines(arms: &[ArmReport]) {
             e.pass_lag_ms,
             e.arrival_gap_cv,
             e.clustered_arrivals_pct,
+            each_run(&a.runs),
         );
     }
     println!();
+}
+
+/// Every repeat's tokens/s beside its new requests per prefill pass: a closed loop settles
+/// into a spread or a clustered mode per run, and a median of two hides which.
+fn each_run(runs: &[Figures]) -> String {
+    let runs: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.0}k ({:.2})",
+                r.output_tokens_per_s / 1000.0,
+                r.engines.new_per_prefill
+            )
+        })
+        .collect();
+    runs.join(", ")
 }
 
 /// One line: what limits each arm.
@@ -307,6 +324,21 @@ mod tests {
             ..cores(0.35, 0.2)
         };
         assert!(limit(&starved, pinned).starts_with("frontend CPU"));
+    }
+
+    #[test]
+    fn each_run_shows_its_tokens_per_second_and_new_requests_per_prefill() {
+        let run = |tok: f64, new: f64| {
+            let mut f = Figures {
+                output_tokens_per_s: tok,
+                ..Figures::default()
+            };
+            f.engines.new_per_prefill = new;
+            f
+        };
+        let runs = [run(236_077.0, 1.17), run(254_475.0, 1.654)];
+        assert_eq!(each_run(&runs), "236k (1.17), 254k (1.65)");
+        assert_eq!(each_run(&[]), "");
     }
 
     #[test]
