@@ -6,16 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Item {
-    token_ids: Vec<u32>,
-    text: Option<String>,
-    cum_log_probs: Option<f64>,
-    finish_reason: Option<String>,
-    index: Option<u32>,
-}
+use response_plane::fuzzing::Item;
 
 /// 64 items as engines send them: the last one ends the request.
 fn items() -> Vec<Vec<u8>> {

@@ -24,14 +24,16 @@ use crate::info::{CLASSIC, ConnectionInfo, StreamAddress, VELO_TCP, VELO_UCX};
 use crate::{Batching, Codec, ResponseError, ResponsePlaneConfig, TypedError, prologue};
 
 /// An item shaped like the ones engines stream (Dynamo's `LLMEngineOutput`), so the typed
-/// decoders see nested sequences, options, strings and floats.
-#[derive(Debug, Serialize, Deserialize)]
-struct Item {
-    token_ids: Vec<u32>,
-    text: Option<String>,
-    cum_log_probs: Option<f64>,
-    finish_reason: Option<String>,
-    index: Option<u32>,
+/// decoders see nested sequences, options, strings and floats; also the item of the codec
+/// bench and of the MessagePack reader's tests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Item {
+    pub token_ids: Vec<u32>,
+    pub text: Option<String>,
+    pub cum_log_probs: Option<f64>,
+    pub finish_reason: Option<String>,
+    pub index: Option<u32>,
 }
 
 /// The environment variables the plane reads, in the order the fuzzer's values fill them.

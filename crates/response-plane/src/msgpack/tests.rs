@@ -7,15 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{MAX_DEPTH, fast, from_slice};
 
-/// The item the bench's engines stream (Dynamo's `LLMEngineOutput` shape).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Item {
-    token_ids: Vec<u32>,
-    text: Option<String>,
-    cum_log_probs: Option<f64>,
-    finish_reason: Option<String>,
-    index: Option<u32>,
-}
+use crate::fuzzing::Item;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Unit;
