@@ -14,7 +14,8 @@
 //! It decodes an item only where it made the visits `rmp_serde` would have made: anything it
 //! does not mirror (enums, extension types, 128-bit integers, `bin` read as a sequence,
 //! nesting deeper than [`MAX_DEPTH`]) and **any error at all**, even one a `Deserialize`
-//! implementation caught and recovered from, sends the item to `rmp_serde`, whose value or
+//! implementation caught and recovered from (an untagged enum's refused variants), sends the
+//! item to `rmp_serde`, whose value or
 //! error is then the answer. The `prologue` fuzz target checks that the two agree on every
 //! input the fast reader accepts.
 

@@ -33,6 +33,37 @@ struct Wide {
     m: (),
 }
 
+/// serde's attributes that buffer, rename or default what they read: the reader must agree
+/// with `rmp_serde` through each of them.
+#[expect(dead_code, reason = "read through Debug, which the agreement checks compare")]
+#[derive(Debug, Deserialize)]
+struct Attributes {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(alias = "k")]
+    a: Option<u8>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, serde_json::Value>,
+}
+
+#[expect(dead_code, reason = "read through Debug, which the agreement checks compare")]
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Untagged {
+    Number(u32),
+    Text(String),
+    Bytes(Vec<u8>),
+    Item(Item),
+}
+
+#[expect(dead_code, reason = "read through Debug, which the agreement checks compare")]
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", deny_unknown_fields)]
+enum Tagged {
+    X { a: u8 },
+    Y { b: String },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 enum Reason {
     Stop,
@@ -171,6 +202,40 @@ fn an_array_longer_than_its_struct_is_refused_as_rmp_serde_refuses_it() {
 }
 
 #[test]
+fn buffered_renamed_and_tagged_shapes_decode_as_rmp_serde_decodes_them() {
+    let cases = [
+        named(&serde_json::json!({"type": "t", "k": 3, "x": [1, "y"], "z": null})),
+        named(
+            &serde_json::json!([5, "five", [1, 2], {"token_ids": [1], "text": null,
+            "cum_log_probs": null, "finish_reason": null, "index": 0}]),
+        ),
+        named(&serde_json::json!({"type": "Y", "b": "bee"})),
+        named(&serde_json::json!({"type": "X", "a": 1, "b": "unknown here"})),
+    ];
+    for bytes in &cases {
+        agrees::<Attributes>(bytes);
+        agrees::<Vec<Untagged>>(bytes);
+        agrees::<Option<Tagged>>(bytes);
+    }
+    assert!(
+        fast::<Attributes>(&cases[0]).is_some(),
+        "flatten is read by the fast reader"
+    );
+    // An untagged enum tries its variants in turn: a refused try is an error raised, so the
+    // item goes to rmp_serde.
+    assert!(fast::<Vec<Untagged>>(&cases[1]).is_none());
+    assert!(from_slice::<Vec<Untagged>>(&cases[1]).is_ok());
+    assert!(
+        fast::<Option<Tagged>>(&cases[2]).is_some(),
+        "and internally tagged"
+    );
+    assert!(
+        from_slice::<Option<Tagged>>(&cases[3]).is_err(),
+        "deny_unknown_fields"
+    );
+}
+
+#[test]
 fn a_cut_item_is_refused_as_rmp_serde_refuses_it() {
     let bytes = named(&item(7));
     for end in 0..bytes.len() {
@@ -209,6 +274,13 @@ fn tree() -> impl Strategy<Value = Tree> {
         "a",
         "k",
         "other",
+        "type",
+        "X",
+        "Y",
+        "b",
+        "extra",
+        "secs",
+        "nanos",
     ]);
     let leaf = prop_oneof![
         Just(Tree::Nil),
@@ -333,6 +405,10 @@ proptest! {
         agrees::<Vec<Option<String>>>(&bytes);
         agrees::<BTreeMap<String, (u8, f64)>>(&bytes);
         agrees::<serde::de::IgnoredAny>(&bytes);
+        agrees::<Attributes>(&bytes);
+        agrees::<Vec<Untagged>>(&bytes);
+        agrees::<Option<Tagged>>(&bytes);
+        agrees::<(std::time::Duration, std::net::IpAddr, Reason)>(&bytes);
     }
 
     #[test]
