@@ -35,7 +35,10 @@ struct Wide {
 
 /// serde's attributes that buffer, rename or default what they read: the reader must agree
 /// with `rmp_serde` through each of them.
-#[expect(dead_code, reason = "read through Debug, which the agreement checks compare")]
+#[expect(
+    dead_code,
+    reason = "read through Debug, which the agreement checks compare"
+)]
 #[derive(Debug, Deserialize)]
 struct Attributes {
     #[serde(rename = "type", default)]
@@ -46,7 +49,10 @@ struct Attributes {
     extra: BTreeMap<String, serde_json::Value>,
 }
 
-#[expect(dead_code, reason = "read through Debug, which the agreement checks compare")]
+#[expect(
+    dead_code,
+    reason = "read through Debug, which the agreement checks compare"
+)]
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Untagged {
@@ -56,7 +62,10 @@ enum Untagged {
     Item(Item),
 }
 
-#[expect(dead_code, reason = "read through Debug, which the agreement checks compare")]
+#[expect(
+    dead_code,
+    reason = "read through Debug, which the agreement checks compare"
+)]
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", deny_unknown_fields)]
 enum Tagged {
