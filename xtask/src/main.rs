@@ -85,6 +85,8 @@ Commands:
 Environment:
   VELO_REQUIRE_UCX=1       fail instead of skipping the UCX rows when UCX is not found
   VELO_REQUIRE_FUZZ=1      fail instead of only replaying when cargo-fuzz is not installed
+  VELO_REQUIRE_NETNS=1     fail instead of skipping the netns topology tests when network
+                           namespaces cannot be made (not root, no iproute2)
 ";
 
 fn main() -> ExitCode {
