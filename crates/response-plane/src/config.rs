@@ -25,6 +25,11 @@ pub const ENV_MAX_MESSAGE_SIZE: &str = "DYN_TCP_MAX_MESSAGE_SIZE";
 /// [`ResponsePlaneConfigBuilder::idle_timeout`]).
 pub const ENV_IDLE_TIMEOUT_MS: &str = "DYN_VELO_IDLE_TIMEOUT_MS";
 
+/// `DYN_VELO_COMPRESSION`: `lz4` or `none`: whether the velo plane packs the batches it sends
+/// where the peer accepts it (default: `lz4` on TCP lanes, `none` on UCX;
+/// [`ResponsePlaneConfigBuilder::compression`]).
+pub const ENV_COMPRESSION: &str = "DYN_VELO_COMPRESSION";
+
 /// Default batching delay: 5 ms (Dynamo PR #15231).
 pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(5);
 /// Longest batching delay accepted, in ms.
@@ -96,6 +101,9 @@ pub struct ResponsePlaneConfig {
     idle_timeout: Duration,
     eager_edges: bool,
     eager_ends: bool,
+    eager_opens: bool,
+    /// `None`: the transport's default ([`ResponsePlaneConfig::compression`]).
+    compression: Option<velo_mux::Compression>,
     ucx_tls: Option<String>,
     ucx_net_devices: Option<String>,
     tls: TlsConfig,
@@ -121,6 +129,8 @@ impl Default for ResponsePlaneConfig {
             idle_timeout: velo_mux::DEFAULT_IDLE_TIMEOUT,
             eager_edges: true,
             eager_ends: true,
+            eager_opens: false,
+            compression: None,
             ucx_tls: None,
             ucx_net_devices: None,
             tls: TlsConfig::default(),
@@ -187,6 +197,20 @@ impl ResponsePlaneConfig {
     pub fn eager_ends(&self) -> bool {
         self.eager_ends
     }
+    /// With [`eager_edges`](Self::eager_edges), whether a stream's prologue skips the
+    /// batching delay too (velo).
+    pub fn eager_opens(&self) -> bool {
+        self.eager_opens
+    }
+    /// Whether the velo plane packs the batches it sends (where the peer accepts it): as set,
+    /// else LZ4 on TCP lanes (bytes cost packets on a real network) and none on UCX (an RDMA
+    /// fabric moves bytes for less than packing them costs).
+    pub fn compression(&self) -> velo_mux::Compression {
+        self.compression.unwrap_or(match self.transport {
+            VeloTransport::Tcp => velo_mux::Compression::Lz4,
+            VeloTransport::Ucx => velo_mux::Compression::None,
+        })
+    }
     /// UCX transports of the plane's own UCX context, if set.
     pub fn ucx_tls(&self) -> Option<&str> {
         self.ucx_tls.as_deref()
@@ -248,6 +272,7 @@ impl ResponsePlaneConfig {
             .max_frame_len(self.max_message_size)
             .flush(self.flush_policy())
             .idle_timeout(self.idle_timeout)
+            .compression(self.compression())
     }
 
     /// The velo plane's flush policy.
@@ -259,6 +284,7 @@ impl ResponsePlaneConfig {
         velo_mux::FlushPolicy {
             eager_edges: self.eager_edges,
             eager_ends: self.eager_ends,
+            eager_opens: self.eager_opens,
             ..policy
         }
     }
@@ -333,6 +359,16 @@ impl ResponsePlaneConfigBuilder {
         self.0.eager_ends = on;
         self
     }
+    /// With eager edges, flush a stream's prologue at once too (velo; off by default). Off,
+    /// the prologue waits for its batch and goes at the latest with the stream's first item
+    /// or after the batching delay: one eager batch fewer per stream (a write, a packet, a
+    /// wake-up on each side), TTFT and completion as before, the pending handle resolved up
+    /// to the batching delay later. Measured at 256 on the bench's 1,500-byte-MTU network:
+    /// 16% fewer packets and 10% less frontend CPU per token, prologue p50 0.1 -> 1.8 ms.
+    pub fn eager_opens(mut self, on: bool) -> Self {
+        self.0.eager_opens = on;
+        self
+    }
     /// UCX transports for the velo plane over UCX (`UCX_TLS` syntax, such as `tcp`), applied
     /// to the plane's own UCX context; `None` (the default) keeps UCX's setting (its `UCX_TLS`
     /// environment variable, or every transport).
@@ -350,6 +386,15 @@ impl ResponsePlaneConfigBuilder {
     /// TLS of TCP lanes (velo over TCP) and classic connections (default: none).
     pub fn tls(mut self, tls: TlsConfig) -> Self {
         self.0.tls = tls;
+        self
+    }
+    /// Whether the velo plane packs (LZ4-compresses) the batches it sends, on lanes whose
+    /// peer accepts it (every velo-rs peer does). Default: LZ4 on TCP lanes, none on UCX
+    /// ([`ResponsePlaneConfig::compression`]). On a 1,500-byte-MTU network packing cut the
+    /// bench's packets per token by a third and the workers' CPU with them; on loopback,
+    /// where bytes cost nothing, it costs 3-5% more CPU per token on both sides.
+    pub fn compression(mut self, compression: velo_mux::Compression) -> Self {
+        self.0.compression = Some(compression);
         self
     }
     /// The file holding the velo plane's cluster secret (default: none); read when built.
@@ -389,6 +434,14 @@ impl ResponsePlaneConfigBuilder {
             } else {
                 Batching::Delay(d)
             };
+        }
+        let packing = [
+            ("none", velo_mux::Compression::None),
+            ("lz4", velo_mux::Compression::Lz4),
+        ];
+        let allowed = "expected `lz4` (the default on TCP lanes) or `none` (the default on UCX)";
+        if let Some(p) = env.choice(ENV_COMPRESSION, &packing, allowed)? {
+            c.compression = Some(p);
         }
         let idle = "expected a whole number of milliseconds from 100 to 3600000";
         let range = millis(MIN_IDLE_TIMEOUT)..=millis(MAX_IDLE_TIMEOUT);

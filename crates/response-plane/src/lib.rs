@@ -93,9 +93,10 @@ use std::sync::Arc;
 
 pub use codec::Codec;
 pub use config::{
-    Batching, ConfigError, DEFAULT_BATCH_DELAY, DEFAULT_MAX_MESSAGE_SIZE, ENV_BATCH_MS, ENV_HOST,
-    ENV_IDLE_TIMEOUT_MS, ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT, ENV_TRANSPORT, MAX_BATCH_MS,
-    Plane, ResponsePlaneConfig, ResponsePlaneConfigBuilder, VeloTransport,
+    Batching, ConfigError, DEFAULT_BATCH_DELAY, DEFAULT_MAX_MESSAGE_SIZE, ENV_BATCH_MS,
+    ENV_COMPRESSION, ENV_HOST, ENV_IDLE_TIMEOUT_MS, ENV_MAX_MESSAGE_SIZE, ENV_PLANE, ENV_PORT,
+    ENV_TRANSPORT, MAX_BATCH_MS, Plane, ResponsePlaneConfig, ResponsePlaneConfigBuilder,
+    VeloTransport,
 };
 pub use error::{
     Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TlsMismatch,
@@ -114,6 +115,8 @@ pub use stats::{
     BATCH_RECORDS_BUCKETS, Counter, FlushReason, HandshakeStats, MuxStats, PlaneStats,
 };
 pub use stream::ResponseStream;
+/// Whether the velo plane packs its batches ([`ResponsePlaneConfigBuilder::compression`]).
+pub use velo_mux::Compression;
 pub use watch::TLS_WATCH_INTERVAL;
 pub use worker::{ResponseSender, StreamContext, WorkerPlane};
 

@@ -22,6 +22,11 @@ fn defaults_are_the_classic_plane_and_a_5_ms_batch() {
     assert_eq!(c.batching(), Batching::Delay(Duration::from_millis(5)));
     assert_eq!(c.port(), 0);
     assert_eq!(c.max_message_size(), 33_554_432);
+    assert_eq!(
+        c.compression(),
+        response_plane::Compression::Lz4,
+        "on TCP lanes"
+    );
 }
 
 #[test]
@@ -45,6 +50,21 @@ fn valid_values_select_what_they_name() {
             .unwrap()
             .batching(),
         Batching::Delay(Duration::from_millis(12))
+    );
+    assert_eq!(
+        parse(&[("DYN_VELO_COMPRESSION", "none")])
+            .unwrap()
+            .compression(),
+        response_plane::Compression::None
+    );
+    let ucx = ResponsePlaneConfig::builder()
+        .transport(VeloTransport::Ucx)
+        .build()
+        .unwrap();
+    assert_eq!(
+        ucx.compression(),
+        response_plane::Compression::None,
+        "on UCX"
     );
     assert_eq!(
         parse(&[("DYN_RESPONSE_PLANE", "tcp")]).unwrap().plane(),
@@ -97,6 +117,21 @@ fn every_bad_value_fails_with_its_variable_value_and_what_is_allowed() {
             "DYN_VELO_RESPONSE_TRANSPORT",
             "rdma",
             "`tcp` (the default) or `ucx`",
+        ),
+        (
+            "DYN_VELO_COMPRESSION",
+            "",
+            "`lz4` (the default on TCP lanes) or `none`",
+        ),
+        (
+            "DYN_VELO_COMPRESSION",
+            "zstd",
+            "`lz4` (the default on TCP lanes) or `none`",
+        ),
+        (
+            "DYN_VELO_COMPRESSION",
+            "LZ4",
+            "`lz4` (the default on TCP lanes) or `none`",
         ),
         ("DYN_VELO_RESPONSE_BATCH_MS", "", "positive integer"),
         ("DYN_VELO_RESPONSE_BATCH_MS", "-1", "positive integer"),

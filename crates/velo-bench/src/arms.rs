@@ -135,7 +135,8 @@ pub fn all() -> Vec<Arm> {
 }
 
 /// Arms run only when named in `--arms`, never by `all`: `velo-tcp-5ms-lazy` and
-/// `velo-tcp-5ms-lazy-end`, which show what eager edges and eager ends change, and
+/// `velo-tcp-5ms-lazy-end`, which show what eager edges and eager ends change,
+/// `velo-tcp-5ms-raw`, which shows what packing batches changes, and
 /// `dynamo-tcp-tls` (feature `peers`), Dynamo's classic plane with its
 /// own TLS, which CI's peer smoke run does not cover.
 fn named_only() -> Vec<Arm> {
@@ -143,6 +144,14 @@ fn named_only() -> Vec<Arm> {
         Arm::ours(
             "velo-tcp-5ms-lazy",
             "diagnostic: velo-tcp-5ms without eager edges (prologue, first item and end wait for the batch)",
+        ),
+        Arm::ours(
+            "velo-tcp-5ms-eager-open",
+            "diagnostic: velo-tcp-5ms whose prologues go at once too (not with the first item or the batch)",
+        ),
+        Arm::ours(
+            "velo-tcp-5ms-raw",
+            "diagnostic: velo-tcp-5ms sending its batches unpacked (DYN_VELO_COMPRESSION=none)",
         ),
         Arm::ours(
             "velo-tcp-5ms-lazy-end",
@@ -257,9 +266,14 @@ pub fn our_config_at(name: &str, host: IpAddr) -> Result<(ResponsePlaneConfig, b
         "velo-tcp-pass" => (velo(VeloTransport::Tcp, five), true),
         "velo-tcp-5ms-lazy" => (velo(VeloTransport::Tcp, five).eager_edges(false), false),
         "velo-tcp-5ms-lazy-end" => (velo(VeloTransport::Tcp, five).eager_ends(false), false),
+        "velo-tcp-5ms-eager-open" => (velo(VeloTransport::Tcp, five).eager_opens(true), false),
         "velo-ucx" => (velo(VeloTransport::Ucx, five), true),
         "tcp" => (ResponsePlaneConfig::builder().plane(Plane::Classic), false),
         "velo-tcp-5ms-tls" => (velo(VeloTransport::Tcp, five).tls(tls_from_env()), false),
+        "velo-tcp-5ms-raw" => (
+            velo(VeloTransport::Tcp, five).compression(response_plane::Compression::None),
+            false,
+        ),
         "tcp-tls" => (
             ResponsePlaneConfig::builder()
                 .plane(Plane::Classic)
@@ -328,6 +342,12 @@ mod tests {
         assert!(!lazy.eager_edges());
         let (lazy_end, _) = our_config("velo-tcp-5ms-lazy-end").unwrap();
         assert!(lazy_end.eager_edges() && !lazy_end.eager_ends());
+        let (raw, _) = our_config("velo-tcp-5ms-raw").unwrap();
+        assert_eq!(raw.compression(), response_plane::Compression::None);
+        assert_eq!(
+            our_config("velo-tcp-5ms").unwrap().0.compression(),
+            response_plane::Compression::Lz4
+        );
         assert!(all().iter().all(|a| a.name != "velo-tcp-5ms-lazy"));
         assert_eq!(select("velo-tcp-5ms-lazy").unwrap().len(), 1);
     }

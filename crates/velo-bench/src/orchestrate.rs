@@ -111,6 +111,9 @@ pub struct Run {
     pub worker_wait_s: f64,
     /// Packets sent over the window: TCP segments plus UDP datagrams, both directions.
     pub segments: u64,
+    /// Of them, the packets the frontends sent (ACKs, credit), on the netns topology only
+    /// (0 on loopback, where they cannot be told apart).
+    pub frontend_segments: u64,
     /// The plane's connections at mid-window, counted as the arm says.
     pub connections: u64,
     /// Times a frontend thread blocked and was woken (voluntary context switches).

@@ -33,6 +33,9 @@ pub struct Figures {
     pub worker_wakeups_per_token: f64,
     /// Packets sent (both directions) per output token: TCP segments plus UDP datagrams.
     pub tx_segments_per_token: f64,
+    /// Of them, the packets the frontends sent (ACKs, credit) per output token, on the netns
+    /// topology (0 on loopback).
+    pub frontend_tx_segments_per_token: f64,
     /// Machine-wide soft-interrupt time over the window, cores (the whole machine: other
     /// load counts too).
     pub softirq_cores: f64,
@@ -84,6 +87,7 @@ impl Figures {
             frontend_wakeups_per_token: per(run.frontend_wakeups as f64, tok),
             worker_wakeups_per_token: per(run.worker_wakeups as f64, tok),
             tx_segments_per_token: per(run.segments as f64, tok),
+            frontend_tx_segments_per_token: per(run.frontend_segments as f64, tok),
             softirq_cores: run.softirq_s / w,
             connections: run.connections as f64,
             ttft_p50_ms: r.ttft_p50_ms,
@@ -118,6 +122,7 @@ impl Figures {
             frontend_wakeups_per_token: m(|f| f.frontend_wakeups_per_token),
             worker_wakeups_per_token: m(|f| f.worker_wakeups_per_token),
             tx_segments_per_token: m(|f| f.tx_segments_per_token),
+            frontend_tx_segments_per_token: m(|f| f.frontend_tx_segments_per_token),
             softirq_cores: m(|f| f.softirq_cores),
             connections: m(|f| f.connections),
             ttft_p50_ms: m(|f| f.ttft_p50_ms),

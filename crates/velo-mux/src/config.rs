@@ -56,6 +56,23 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// per lane instead of one write per grant.
 pub const DEFAULT_GRANT_DELAY: Duration = Duration::from_millis(1);
 
+/// Whether this side packs (LZ4-compresses) the batches it sends.
+///
+/// Packing is negotiated: every HELLO announces that its sender accepts PACKED frames
+/// ([`velo_wire::CAP_PACKED`]), and a side configured to pack does so only on lanes whose
+/// peer announced it. A batch that does not shrink (or is shorter than
+/// [`velo_wire::MIN_PACK_LEN`]) goes out as a plain BATCH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Compression {
+    /// Batches go out as they are (the default: on loopback or a fast fabric packing costs
+    /// CPU on both ends and saves nothing).
+    #[default]
+    None,
+    /// Batches are packed with LZ4: several times fewer bytes and packets for items that
+    /// repeat their field names, for ~1 ns per byte on the sender and less on the receiver.
+    Lz4,
+}
+
 /// What can be wrong with a configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -114,6 +131,7 @@ pub struct MuxConfig {
     pub(crate) churn: ChurnLimit,
     pub(crate) max_pending_opens: u32,
     pub(crate) max_control_bytes: usize,
+    pub(crate) compression: Compression,
 }
 
 impl MuxConfig {
@@ -134,6 +152,7 @@ impl MuxConfig {
                 churn: DEFAULT_CHURN_LIMIT,
                 max_pending_opens: DEFAULT_MAX_PENDING_OPENS,
                 max_control_bytes: DEFAULT_MAX_CONTROL_BYTES,
+                compression: Compression::None,
             },
         }
     }
@@ -203,6 +222,11 @@ impl MuxConfig {
         self.max_control_bytes
     }
 
+    /// Whether this side packs the batches it sends (where the peer accepts it).
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
     /// The same configuration with another lane count (a frontend adopts each worker's).
     ///
     /// # Panics
@@ -235,7 +259,7 @@ impl MuxConfig {
             max_frame_len: self.max_frame_len,
             initial_window: self.window,
             idle_timeout_ms: u32::try_from(self.idle_timeout.as_millis()).unwrap_or(u32::MAX),
-            capabilities: 0,
+            capabilities: velo_wire::CAP_PACKED,
             auth_nonce: None,
             worker_instance: None,
         }
@@ -324,6 +348,13 @@ impl MuxConfigBuilder {
     /// lane ([`LaneError::ControlQueueFull`](crate::LaneError), CLOSE `limit`).
     pub fn max_control_bytes(mut self, max: usize) -> Self {
         self.config.max_control_bytes = max;
+        self
+    }
+
+    /// Whether batches this side sends are packed, where the peer accepts it (default
+    /// [`Compression::None`]).
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.config.compression = compression;
         self
     }
 

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use velo_wire::{FRAME_HEADER_LEN, FrameDecoder, FrameKind, StreamId, frame_header};
+use velo_wire::{FRAME_HEADER_LEN, FrameDecoder, FrameKind, Packer, StreamId, frame_header};
 
 use crate::StreamKey;
 use crate::flush::{FlushPolicy, FlushReason, Pending};
@@ -115,8 +115,10 @@ pub(crate) struct Tx {
     pub(crate) grant_deadline: Option<Instant>,
     pub(crate) urgent: bool,
     pub(crate) hinted: bool,
-    /// A stream's OPEN or first item is in the open batch.
+    /// A stream's first item is in the open batch.
     pub(crate) edge: bool,
+    /// A stream's OPEN is in the open batch.
+    pub(crate) open_edge: bool,
     /// A stream's end (FINAL or ERROR) is in the open batch.
     pub(crate) end_edge: bool,
     /// A stream spent half of its credit window, or the last of it, on a record in the open
@@ -135,6 +137,17 @@ pub(crate) struct Tx {
     control_ready: usize,
     /// Records and batch count waiting in `ready`, for stats at hand-off.
     pub(crate) last_tx: Instant,
+    /// Packs sealed batches: this side packs and the peer accepts PACKED frames.
+    pub(crate) packer: Option<Packer>,
+    /// Where packed frames are written (its spare capacity is reused like `out`'s).
+    packed: BytesMut,
+}
+
+/// A batch just sealed: its records, and the bytes packing saved (0 when sent as a BATCH).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sealed {
+    pub(crate) records: u32,
+    pub(crate) saved: usize,
 }
 
 /// Initial capacity of a lane's batch buffer, in bytes.
@@ -151,6 +164,7 @@ impl Tx {
             urgent: false,
             hinted: false,
             edge: false,
+            open_edge: false,
             end_edge: false,
             credit_low: false,
             rearm: false,
@@ -160,6 +174,8 @@ impl Tx {
             ready_control: VecDeque::new(),
             control_ready: 0,
             last_tx: now,
+            packer: None,
+            packed: BytesMut::new(),
         }
     }
 
@@ -207,14 +223,15 @@ impl Tx {
             urgent: self.urgent,
             hinted: self.hinted,
             edge: self.edge,
+            open_edge: self.open_edge,
             end_edge: self.end_edge,
             credit_low: self.credit_low,
         }
     }
 
     /// Makes sure a batch is open with room for `len` more body bytes under `cap`, sealing
-    /// the current one first if it would overflow. Returns a sealed batch's record count.
-    pub(crate) fn room_for(&mut self, len: usize, cap: usize) -> Option<u32> {
+    /// the current one first if it would overflow. Returns the batch it sealed.
+    pub(crate) fn room_for(&mut self, len: usize, cap: usize) -> Option<Sealed> {
         let mut sealed = None;
         if self.open && self.batch_body_len() + len > cap {
             sealed = self.seal();
@@ -229,27 +246,45 @@ impl Tx {
         sealed
     }
 
-    /// Seals the open batch into `ready`. Returns its record count.
-    pub(crate) fn seal(&mut self) -> Option<u32> {
+    /// Seals the open batch into `ready`, packed when that is on and shrinks it.
+    pub(crate) fn seal(&mut self) -> Option<Sealed> {
         self.seal_with_tail(None)
     }
 
-    /// Seals the open batch, whose last record's payload is `tail` (not in `out`).
-    pub(crate) fn seal_with_tail(&mut self, tail: Option<Bytes>) -> Option<u32> {
+    /// Seals the open batch, whose last record's payload is `tail` (not in `out`; such a
+    /// batch, one large item, is never packed).
+    pub(crate) fn seal_with_tail(&mut self, tail: Option<Bytes>) -> Option<Sealed> {
         if !self.open {
             return None;
         }
         let tail_len = tail.as_ref().map_or(0, Bytes::len);
         let body = self.out.len() - FRAME_HEADER_LEN + tail_len;
         let body = u32::try_from(body).expect("batches are capped below the frame limit");
-        self.out[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(FrameKind::Batch, body));
-        let chunk = self.out.split().freeze();
+        let packed = match &mut self.packer {
+            Some(packer) if tail.is_none() => {
+                packer.pack(&self.out[FRAME_HEADER_LEN..], &mut self.packed)
+            }
+            _ => false,
+        };
+        let mut saved = 0;
+        let chunk = if packed {
+            saved = self.out.len() - self.packed.len();
+            // The batch's buffer is written again from its start.
+            self.out.clear();
+            self.packed.split().freeze()
+        } else {
+            self.out[..FRAME_HEADER_LEN].copy_from_slice(&frame_header(FrameKind::Batch, body));
+            self.out.split().freeze()
+        };
         let control = std::mem::take(&mut self.control_open);
         self.push_ready(chunk, control);
         if let Some(t) = tail {
             self.push_ready(t, 0);
         }
-        let records = self.records;
+        let sealed = Sealed {
+            records: self.records,
+            saved,
+        };
         self.open = false;
         self.records = 0;
         self.oldest = None;
@@ -257,9 +292,10 @@ impl Tx {
         self.urgent = false;
         self.hinted = false;
         self.edge = false;
+        self.open_edge = false;
         self.end_edge = false;
         self.credit_low = false;
-        Some(records)
+        Some(sealed)
     }
 
     /// Whether the open batch should be flushed now, and why.
@@ -301,6 +337,7 @@ impl Tx {
         self.urgent = false;
         self.hinted = false;
         self.edge = false;
+        self.open_edge = false;
         self.end_edge = false;
         self.credit_low = false;
         self.ready.clear();

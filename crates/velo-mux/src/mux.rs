@@ -259,6 +259,12 @@ impl Mux {
         let l = &mut self.lanes[usize::from(lane.0)];
         *l = Lane::new(max_frame_len, now);
         l.state = LaneState::Up;
+        l.decoder.accept_packed();
+        if self.config.compression == crate::config::Compression::Lz4
+            && peer.capabilities & velo_wire::CAP_PACKED != 0
+        {
+            l.tx.packer = Some(velo_wire::Packer::default());
+        }
         l.peer = PeerParams {
             window: peer.initial_window,
             max_frame_len: peer.max_frame_len,
@@ -537,8 +543,12 @@ impl Mux {
         debug_assert!(sealed.is_none(), "the batch was sealed just above");
         encode_header(&mut tx.out);
         tx.records += 1;
-        let n = tx.seal_with_tail(Some(payload)).unwrap_or(1);
-        self.stats.record_batch(n);
+        let sealed = tx.seal_with_tail(Some(payload));
+        self.stats
+            .record_batch(sealed.unwrap_or(crate::lane::Sealed {
+                records: 1,
+                saved: 0,
+            }));
         self.stats.record_flush(FlushReason::Size);
         self.stats.records_sent += 1;
     }

@@ -102,7 +102,7 @@ impl Mux {
         self.push_with(lane, len, now, |out| {
             encode_open(out, wire, ticket, token, prologue)
         });
-        self.lanes[i].tx.edge = true;
+        self.lanes[i].tx.open_edge = true;
         self.update_ready(lane, now);
         Ok(key)
     }

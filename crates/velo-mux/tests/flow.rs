@@ -471,21 +471,21 @@ fn opening_a_batch_tells_the_writer_to_rearm_its_timer() {
 }
 
 #[test]
-fn a_streams_prologue_first_item_and_end_never_wait_for_the_batch() {
+fn a_streams_first_item_takes_its_prologue_along_and_neither_it_nor_the_end_waits() {
     let mut pair = Pair::new(default_configs());
     let t0 = pair.now;
     let (s, ticket) = pair.open_stream(PROLOGUE);
-    // The OPEN goes out at once, under the 5 ms policy.
+    // The OPEN waits for its batch under the default policy...
+    pair.step_now();
+    assert!(!pair.worker.is_flushed(), "the prologue waits");
+    // ...until the first item, which goes out at once and takes it along.
+    pair.worker.send(pair.now, s, b"first token").unwrap();
     assert!(pair.step_now());
     assert!(pair.worker.is_flushed());
     assert!(
         pair.accepted.contains_key(&ticket),
         "the frontend has the prologue at t0"
     );
-    // So does the first item...
-    pair.worker.send(pair.now, s, b"first token").unwrap();
-    assert!(pair.step_now());
-    assert!(pair.worker.is_flushed());
     assert_eq!(pair.now, t0, "no virtual time passed");
     // ...but later items batch...
     pair.worker.send(pair.now, s, b"second").unwrap();
@@ -504,7 +504,36 @@ fn a_streams_prologue_first_item_and_end_never_wait_for_the_batch() {
         items(&pair.frontend_read(f)),
         vec![&b"first token"[..], &b"second"[..]]
     );
-    assert_eq!(pair.worker.stats().flushed(FlushReason::Edge), 3);
+    assert_eq!(pair.worker.stats().flushed(FlushReason::Edge), 2);
+}
+
+#[test]
+fn a_prologue_without_items_goes_with_its_batch_after_the_delay() {
+    let mut pair = Pair::new(default_configs());
+    let (_s, ticket) = pair.open_stream(PROLOGUE);
+    pair.step_now();
+    assert!(!pair.accepted.contains_key(&ticket));
+    pair.advance(Duration::from_millis(5));
+    assert!(
+        pair.accepted.contains_key(&ticket),
+        "a long prefill delays the prologue by at most the batching delay"
+    );
+}
+
+#[test]
+fn with_eager_opens_the_prologue_goes_at_once() {
+    let policy = FlushPolicy {
+        eager_opens: true,
+        ..FlushPolicy::default()
+    };
+    let mut pair = Pair::new(configs(|b| b.flush(policy)));
+    let t0 = pair.now;
+    let (_s, ticket) = pair.open_stream(PROLOGUE);
+    assert!(pair.step_now());
+    assert!(pair.worker.is_flushed());
+    assert!(pair.accepted.contains_key(&ticket));
+    assert_eq!(pair.now, t0);
+    assert_eq!(pair.worker.stats().flushed(FlushReason::Edge), 1);
 }
 
 #[test]
@@ -515,14 +544,10 @@ fn without_eager_ends_the_first_item_goes_at_once_and_the_end_waits_for_the_batc
     };
     let mut pair = Pair::new(configs(|b| b.flush(policy)));
     let (s, ticket) = pair.open_stream(PROLOGUE);
-    pair.step_now();
-    assert!(
-        pair.accepted.contains_key(&ticket),
-        "the prologue still goes at once"
-    );
     pair.worker.send(pair.now, s, b"first token").unwrap();
     pair.step_now();
-    assert!(pair.worker.is_flushed(), "so does the first item");
+    assert!(pair.worker.is_flushed(), "the first item goes at once");
+    assert!(pair.accepted.contains_key(&ticket), "with the prologue");
     pair.worker_finish(s, b"");
     pair.step_now();
     assert!(!pair.worker.is_flushed(), "the end waits for its batch");

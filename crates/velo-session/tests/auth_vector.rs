@@ -41,10 +41,10 @@ fn frames(doc: &str) -> BTreeMap<String, Frame> {
             );
         }
         let mut src = BytesMut::from(&bytes[..]);
-        let frame = FrameDecoder::new(DEFAULT_MAX_FRAME_LEN)
-            .decode(&mut src)
-            .unwrap()
-            .unwrap();
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_LEN);
+        // The spec's PACKED example (section 7.7) too.
+        decoder.accept_packed();
+        let frame = decoder.decode(&mut src).unwrap().unwrap();
         out.insert(name, frame);
     }
     out

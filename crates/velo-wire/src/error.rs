@@ -24,10 +24,24 @@ pub enum WireError {
         got: [u8; 4],
     },
     /// A frame header names a kind this version does not define.
-    #[error("unknown frame kind {kind:#04x}: version 3 defines 0x01 hello, 0x02 batch, 0x03 close")]
+    #[error(
+        "unknown frame kind {kind:#04x}: version 3 defines 0x01 hello, 0x02 batch, 0x03 close, 0x04 auth, 0x05 packed"
+    )]
     UnknownFrame {
         /// The kind byte received.
         kind: u8,
+    },
+    /// A PACKED frame arrived, but this side never announced that it accepts them
+    /// ([`CAP_PACKED`](crate::CAP_PACKED)), or it arrived during the handshake.
+    #[error(
+        "unexpected packed frame (0x05): this side did not announce capability bit 2 (packed batches) to the peer"
+    )]
+    UnexpectedPacked,
+    /// A PACKED frame's LZ4 block does not unpack to the BATCH body its prefix announces.
+    #[error("malformed packed frame: {reason}")]
+    BadPacked {
+        /// What was wrong with it.
+        reason: &'static str,
     },
     /// A record inside a batch names a kind this version does not define.
     #[error("unknown record kind {kind:#04x}: version 3 defines 0x01..=0x09")]

@@ -18,6 +18,9 @@ pub enum FrameKind {
     Close,
     /// [`Auth`], a proof of the cluster secret during the handshake.
     Auth,
+    /// A BATCH body compressed with LZ4 ([`Packer`](crate::Packer)); it decodes to
+    /// [`Frame::Batch`]. Only to a peer whose HELLO announced [`CAP_PACKED`](crate::CAP_PACKED).
+    Packed,
 }
 
 impl FrameKind {
@@ -28,6 +31,7 @@ impl FrameKind {
             Self::Batch => 0x02,
             Self::Close => 0x03,
             Self::Auth => 0x04,
+            Self::Packed => 0x05,
         }
     }
 
@@ -37,6 +41,7 @@ impl FrameKind {
             0x02 => Ok(Self::Batch),
             0x03 => Ok(Self::Close),
             0x04 => Ok(Self::Auth),
+            0x05 => Ok(Self::Packed),
             kind => Err(WireError::UnknownFrame { kind }),
         }
     }
@@ -111,6 +116,8 @@ impl Frame {
 #[derive(Debug)]
 pub struct FrameDecoder {
     max_frame_len: u32,
+    /// PACKED frames are accepted (this side announced [`CAP_PACKED`](crate::CAP_PACKED)).
+    packed: bool,
     state: DecodeState,
 }
 
@@ -125,8 +132,17 @@ impl FrameDecoder {
     pub fn new(max_frame_len: u32) -> Self {
         Self {
             max_frame_len,
+            packed: false,
             state: DecodeState::Head,
         }
+    }
+
+    /// Accepts PACKED frames from now on: this side announced
+    /// [`CAP_PACKED`](crate::CAP_PACKED) in its HELLO. Without it a PACKED frame is
+    /// [`WireError::UnexpectedPacked`]. A PACKED frame's unpacked body is held to
+    /// `max_frame_len` like a BATCH's.
+    pub fn accept_packed(&mut self) {
+        self.packed = true;
     }
 
     /// The largest body this decoder accepts.
@@ -161,6 +177,10 @@ impl FrameDecoder {
             FrameKind::Hello => Frame::Hello(Hello::decode_body(&body)?),
             FrameKind::Close => Frame::Close(Close::decode_body(&body)?),
             FrameKind::Auth => Frame::Auth(Auth::decode_body(&body)?),
+            FrameKind::Packed => Frame::Batch(Batch::new(crate::packed::unpack(
+                &body,
+                self.max_frame_len,
+            )?)?),
         };
         Ok(Some(frame))
     }
@@ -174,6 +194,9 @@ impl FrameDecoder {
             return Ok(None);
         };
         let kind = FrameKind::from_byte(head[0])?;
+        if kind == FrameKind::Packed && !self.packed {
+            return Err(WireError::UnexpectedPacked);
+        }
         let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
         if len > self.max_frame_len {
             return Err(WireError::FrameTooLarge {

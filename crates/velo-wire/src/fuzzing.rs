@@ -5,14 +5,15 @@ pub mod replay;
 
 use bytes::BytesMut;
 
-use crate::{Batch, Frame, FrameDecoder, Record};
+use crate::{Batch, FRAME_HEADER_LEN, Frame, FrameDecoder, FrameKind, Packer, Record};
 
 /// Largest frame body accepted by the fuzz decoder: small, so inputs exercise the limit.
 pub const FUZZ_MAX_FRAME_LEN: u32 = 64 * 1024;
 
 /// Decodes `data` as a stream of frames and checks the codec's promises:
 /// decoding never panics, and every frame that decodes (records included) re-encodes to
-/// exactly the bytes it was decoded from.
+/// exactly the bytes it was decoded from. A PACKED frame's batch re-encodes to exactly the
+/// body it unpacked to, and that body packed again by [`Packer`] decodes to the same batch.
 ///
 /// Returns how many frames decoded before the input ended or turned out corrupt.
 ///
@@ -22,6 +23,7 @@ pub const FUZZ_MAX_FRAME_LEN: u32 = 64 * 1024;
 pub fn decode_roundtrip(data: &[u8]) -> usize {
     let mut src = BytesMut::from(data);
     let mut decoder = FrameDecoder::new(FUZZ_MAX_FRAME_LEN);
+    decoder.accept_packed();
     let mut offset = 0;
     let mut frames = 0;
     loop {
@@ -33,6 +35,17 @@ pub fn decode_roundtrip(data: &[u8]) -> usize {
         let original = &data[offset..offset + consumed];
         offset += consumed;
         let canonical = match &frame {
+            Frame::Batch(batch) if original.first() == Some(&FrameKind::Packed.to_byte()) => {
+                let records: Result<Vec<Record>, _> = batch.records().collect();
+                let Ok(records) = records else { return frames };
+                assert_eq!(
+                    Batch::from_records(&records).body(),
+                    batch.body(),
+                    "packed frame {frames} does not unpack to canonical records"
+                );
+                repack(batch);
+                original.to_vec()
+            }
             Frame::Batch(batch) => {
                 let records: Result<Vec<Record>, _> = batch.records().collect();
                 let Ok(records) = records else { return frames };
@@ -52,4 +65,24 @@ pub fn decode_roundtrip(data: &[u8]) -> usize {
         );
         frames += 1;
     }
+}
+
+/// Packs `batch`'s body with [`Packer`] and checks it decodes back to the same batch.
+fn repack(batch: &Batch) {
+    let mut wire = BytesMut::new();
+    if !Packer::default().pack(batch.body(), &mut wire) {
+        return;
+    }
+    assert!(
+        wire.len() - FRAME_HEADER_LEN < batch.body().len(),
+        "packing grew the batch"
+    );
+    let mut decoder = FrameDecoder::new(FUZZ_MAX_FRAME_LEN);
+    decoder.accept_packed();
+    let again = decoder.decode(&mut wire);
+    assert_eq!(
+        again,
+        Ok(Some(Frame::Batch(batch.clone()))),
+        "repacked batch differs"
+    );
 }

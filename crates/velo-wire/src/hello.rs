@@ -16,6 +16,9 @@ pub const CAP_AUTH: u32 = 1 << 0;
 /// Capability bit: the HELLO carries the worker's discovery instance id (a `u64`), the
 /// instance a frontend ties a stream to when it routes the stream's request.
 pub const CAP_WORKER_INSTANCE: u32 = 1 << 1;
+/// Capability bit: the sender accepts PACKED frames (BATCH bodies compressed with LZ4,
+/// `docs/protocol.md` section 3.5); a peer may send them to it once the handshake is done.
+pub const CAP_PACKED: u32 = 1 << 2;
 /// Capability bits that announce a section after the fixed 58 bytes.
 const SECTION_CAPS: u32 = CAP_AUTH | CAP_WORKER_INSTANCE;
 

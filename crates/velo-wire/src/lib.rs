@@ -44,6 +44,7 @@ mod error;
 mod frame;
 mod hello;
 mod ids;
+mod packed;
 mod record;
 mod varint;
 
@@ -58,8 +59,11 @@ pub use close::{Close, MAX_CLOSE_REASON_LEN};
 pub use codes::{CancelCode, CloseCode, ErrorCode, GoAwayCode};
 pub use error::WireError;
 pub use frame::{FRAME_HEADER_LEN, Frame, FrameDecoder, FrameKind, frame_header};
-pub use hello::{AUTH_NONCE_LEN, CAP_AUTH, CAP_WORKER_INSTANCE, HELLO_BODY_LEN, Hello, MAX_LANES};
+pub use hello::{
+    AUTH_NONCE_LEN, CAP_AUTH, CAP_PACKED, CAP_WORKER_INSTANCE, HELLO_BODY_LEN, Hello, MAX_LANES,
+};
 pub use ids::{InstanceId, Role, StreamId, Token};
+pub use packed::{MIN_PACK_LEN, PACKED_PREFIX_LEN, Packer};
 pub use record::{
     DataKind, MAX_DATA_HEADER_LEN, Record, data_header_len, encode_data_header, encode_open,
     open_len,

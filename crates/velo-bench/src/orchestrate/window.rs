@@ -57,13 +57,16 @@ impl Fleet {
         // On the netns topology each process has a namespace and a device of its own, which
         // counts wire packets (see `netns`); on loopback, the host's TCP segments and UDP
         // datagrams as sent.
-        let packets = if self.netns {
-            fe.iter()
-                .chain(&self.workers)
+        let device = |pids: &[u32]| {
+            pids.iter()
                 .map(|p| procfs::device_tx_packets_of(*p, crate::netns::DEVICE))
-                .sum()
+                .sum::<u64>()
+        };
+        let (packets, frontend_packets) = if self.netns {
+            let from_frontends = device(&fe);
+            (from_frontends + device(&self.workers), from_frontends)
         } else {
-            procfs::sent_packets()
+            (procfs::sent_packets(), 0)
         };
         Sample {
             frontend_cpu_s: cpu(&fe),
@@ -71,6 +74,7 @@ impl Fleet {
             frontend_wait_s: wait(&fe),
             worker_wait_s: wait(&self.workers),
             packets,
+            frontend_packets,
             frontend_wakeups: wakeups(&fe),
             worker_wakeups: wakeups(&self.workers),
             softirq_s: procfs::softirq_seconds(),
@@ -98,6 +102,8 @@ struct Sample {
     frontend_wait_s: f64,
     worker_wait_s: f64,
     packets: u64,
+    /// Packets the frontends' devices sent (netns only; 0 on loopback).
+    frontend_packets: u64,
     frontend_wakeups: u64,
     worker_wakeups: u64,
     softirq_s: f64,
@@ -243,6 +249,7 @@ impl<'a> Tracker<'a> {
             frontend_wait_s: (s1.frontend_wait_s - s0.frontend_wait_s).max(0.0),
             worker_wait_s: (s1.worker_wait_s - s0.worker_wait_s).max(0.0),
             segments: s1.packets.saturating_sub(s0.packets),
+            frontend_segments: s1.frontend_packets.saturating_sub(s0.frontend_packets),
             connections: w.connections,
             frontend_wakeups: s1.frontend_wakeups.saturating_sub(s0.frontend_wakeups),
             worker_wakeups: s1.worker_wakeups.saturating_sub(s0.worker_wakeups),

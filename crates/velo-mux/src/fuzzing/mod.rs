@@ -83,6 +83,12 @@ fn configs(selector: u8) -> (MuxConfig, MuxConfig) {
     flush.eager_edges = !bit(5);
     // No selector bit is left: ends wait for the batch in half of the selectors.
     flush.eager_ends = selector.count_ones().is_multiple_of(2);
+    // Both sides pack their batches (LZ4) in a third of the selectors, across both parities.
+    let compression = if selector.count_ones().is_multiple_of(3) {
+        crate::Compression::Lz4
+    } else {
+        crate::Compression::None
+    };
     let frontend_streams = if bit(6) {
         SMALL_MAX_STREAMS
     } else {
@@ -102,6 +108,7 @@ fn configs(selector: u8) -> (MuxConfig, MuxConfig) {
             .max_buffered_bytes(MAX_BUFFERED)
             .flush(flush)
             .idle_timeout(FUZZ_IDLE_TIMEOUT)
+            .compression(compression)
             .build()
             .expect("fuzz configurations are in range")
     };
