@@ -93,7 +93,7 @@ pub fn all() -> Vec<Arm> {
     let mut arms = vec![
         Arm::ours(
             "velo-tcp-5ms",
-            "velo plane, TCP lanes, 5 ms batching (Dynamo PR #15231's default)",
+            "velo plane, TCP lanes, 5 ms batching (Dynamo PR #15231's default), LZ4-packed batches",
         ),
         Arm::ours(
             "velo-tcp-greedy",
