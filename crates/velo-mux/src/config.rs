@@ -68,8 +68,9 @@ pub enum Compression {
     /// CPU on both ends and saves nothing).
     #[default]
     None,
-    /// Batches are packed with LZ4: several times fewer bytes and packets for items that
-    /// repeat their field names, for ~1 ns per byte on the sender and less on the receiver.
+    /// Batches are packed with LZ4: several times fewer bytes for items that repeat their
+    /// field names (35-44% fewer packets in the bench's 1,500-byte-MTU runs), for 0.02-0.03
+    /// us of worker CPU per ~85-byte item at saturation.
     Lz4,
 }
 

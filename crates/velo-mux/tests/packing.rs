@@ -96,15 +96,27 @@ fn a_peer_that_does_not_announce_packing_gets_plain_batches() {
 }
 
 #[test]
-fn a_frontend_that_packs_its_credit_still_reaches_the_worker() {
-    // Frontends send credit, cancellations and heartbeats: batches mostly too short to pack
-    // (under `MIN_PACK_LEN`), and whatever is packed or not arrives.
-    let f = MuxConfig::builder(Side::Frontend)
-        .compression(Compression::Lz4)
-        .build()
-        .expect("valid");
-    let mut pair = Pair::new((packing_worker().0, f));
-    // More items than a window: the frontend must grant credit.
+fn credit_does_not_shrink_so_a_packing_frontend_sends_it_plain_and_it_arrives() {
+    // On one lane, the grants of 64 streams that read half a window at once share batches of
+    // ~250 bytes, over `MIN_PACK_LEN`; but each CREDIT differs from the last in its slot byte,
+    // under LZ4's 4-byte shortest match, so none shrinks: they go out as plain batches (why
+    // the response plane packs on workers only).
+    let one_lane = |side| {
+        MuxConfig::builder(side)
+            .lanes(1)
+            .compression(Compression::Lz4)
+            .build()
+            .expect("valid")
+    };
+    let mut pair = Pair::new((one_lane(Side::Worker), one_lane(Side::Frontend)));
+    // More items than a window: the worker sends the rest only if the grants arrive (`run`
+    // checks every item did).
     run(&mut pair, 80);
-    assert!(pair.frontend.stats().grants_sent > 0);
+    let stats = pair.frontend.stats();
+    assert!(stats.grants_sent > 0);
+    assert!(
+        stats.bytes_sent / stats.batches_sent > velo_wire::MIN_PACK_LEN as u64,
+        "batches long enough to try: {stats:?}"
+    );
+    assert_eq!(stats.batches_packed, 0, "{stats:?}");
 }

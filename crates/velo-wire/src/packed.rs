@@ -4,7 +4,7 @@
 //! A response stream's items repeat themselves: MessagePack with field names spells the same
 //! keys in every item, and a batch holds items of many streams. LZ4 finds those repeats within
 //! one batch at a few hundred MB/s per core, so a lane whose bytes cost packets (a real
-//! network's 1,500-byte MTU, not loopback's 64 KiB) sends several times fewer of them. Each
+//! network's 1,500-byte MTU, not loopback's 64 KiB) sends fewer of them. Each
 //! PACKED frame stands alone (no history across frames), so a receiver keeps no state for it
 //! and a lost lane loses nothing but its own frames.
 
