@@ -91,7 +91,11 @@ impl Mux {
         batch: &velo_wire::Batch,
         arena: &mut velo_wire::PayloadArena,
     ) -> Result<(), LaneError> {
-        for record in batch.records_copying_into(COPY_BELOW, arena) {
+        // A slice keeps the whole body alive: only payloads longer than a quarter of it stay
+        // slices, so an item pins at most 4 times its size whatever frame it came in (a
+        // PACKED frame of 130 KiB can unpack to 32 MiB of HEARTBEATs around one item).
+        let copy_below = COPY_BELOW.max(batch.body().len() / 4 + 1);
+        for record in batch.records_copying_into(copy_below, arena) {
             self.stats.records_received += 1;
             self.on_record(now, lane, record?)?;
             self.check_control_bytes(lane)?;
@@ -132,18 +136,12 @@ impl Mux {
                 stream,
                 seq,
                 payload,
-            } => {
-                self.on_data(now, lane, stream, seq, payload, false);
-                Ok(())
-            }
+            } => self.on_data(now, lane, stream, seq, payload, false),
             Record::Final {
                 stream,
                 seq,
                 payload,
-            } => {
-                self.on_data(now, lane, stream, seq, payload, true);
-                Ok(())
-            }
+            } => self.on_data(now, lane, stream, seq, payload, true),
             Record::Error {
                 stream,
                 code,
@@ -311,8 +309,7 @@ impl Mux {
                 .is_some_and(|s| s.state.is_live());
             match (existing.generation == id.generation(), live) {
                 (true, true) => {
-                    self.violate(now, existing.key, "second OPEN for a live stream");
-                    return Ok(());
+                    return self.violate(now, existing.key, "second OPEN for a live stream");
                 }
                 (true, false) => {
                     self.after_end(existing.key);
@@ -333,6 +330,9 @@ impl Mux {
             refuse(self, CancelCode::TOO_MANY_STREAMS);
             return self.churned(now);
         }
+        // The prologue is kept until the application answers the OPEN: a copy, so it keeps
+        // its own bytes alive (at most `max_prologue_len`), not the frame it came in.
+        let prologue = Bytes::copy_from_slice(&prologue);
         let window = self.config.window;
         let stream = Stream {
             state: State::Open,
@@ -371,23 +371,23 @@ impl Mux {
         seq: u32,
         payload: Bytes,
         last: bool,
-    ) {
+    ) -> Result<(), LaneError> {
         let Some(key) = self.live_wire(lane, id) else {
-            return;
+            return Ok(());
         };
         let len = payload.len() as u64;
         let Some(s) = self.streams.get_mut(key) else {
-            return;
+            return Ok(());
         };
-        let Half::Recv(r) = &mut s.half else { return };
+        let Half::Recv(r) = &mut s.half else {
+            return Ok(());
+        };
         if seq != r.seq {
-            self.violate(now, key, "sequence gap");
-            return;
+            return self.violate(now, key, "sequence gap");
         }
         if !last {
             let Some(available) = r.available.checked_sub(1) else {
-                self.violate(now, key, "DATA without credit");
-                return;
+                return self.violate(now, key, "DATA without credit");
             };
             r.available = available;
             r.seq = r.seq.wrapping_add(1);
@@ -404,6 +404,7 @@ impl Mux {
         if last {
             self.end_stream(key, Event::Finish, StreamEnd::Finished);
         }
+        Ok(())
     }
 
     fn on_credit(&mut self, lane: LaneId, id: StreamId, grant: u32) -> Result<(), LaneError> {
@@ -513,19 +514,32 @@ impl Mux {
     }
 
     /// Frontend: ends a stream that broke a protocol rule and tells the worker (CANCEL with
-    /// [`CancelCode::PROTOCOL_ERROR`]). Only this stream dies.
-    fn violate(&mut self, now: Instant, key: StreamKey, reason: &'static str) {
+    /// [`CancelCode::PROTOCOL_ERROR`]). Only this stream dies; one that dies before its first
+    /// item counts as churn, as a refused or reset one does (else OPEN and a bad record
+    /// would open and kill streams past the churn limit).
+    ///
+    /// # Errors
+    ///
+    /// [`LaneError::ChurnLimit`] when that churn is past the limit.
+    fn violate(
+        &mut self,
+        now: Instant,
+        key: StreamKey,
+        reason: &'static str,
+    ) -> Result<(), LaneError> {
         let Some(s) = self.streams.get(key) else {
-            return;
+            return Ok(());
         };
         let (lane, wire) = (s.lane, s.wire);
         tracing::debug!(stream = %wire, reason, "stream protocol violation");
+        let mut before_any_item = false;
         if let Some(Stream {
             half: Half::Recv(r),
             ..
         }) = self.streams.get_mut(key)
         {
             r.answered = true;
+            before_any_item = r.seq == 0;
         }
         self.answered(key);
         self.end_stream(key, Event::Violation, StreamEnd::Violation(reason));
@@ -538,6 +552,10 @@ impl Mux {
             true,
         );
         self.update_ready(lane, now);
+        if before_any_item {
+            self.churned(now)?;
+        }
+        Ok(())
     }
 }
 
@@ -549,7 +567,9 @@ impl Mux {
 ///
 /// A slice keeps its whole buffer alive (a reader's 64 KiB, or a frame of up to 32 MiB), so
 /// a consumer that stops reading would hold a window of buffers for a window of small items:
-/// 32 items of 100 B cost 2 MiB. Copied, they cost their size; slices of 16 KiB and more pin
-/// at most 4 times their size (the read buffer is 64 KiB, larger frames get a buffer of
-/// their own). The copy costs ~16 ns per item (`cargo bench -p velo-mux`, 100 B items).
+/// 32 items of 100 B cost 2 MiB. Copied, they cost their size. A payload stays a slice only
+/// when it is at least this long **and** longer than a quarter of its batch's body, so a
+/// slice pins at most 4 times its size whatever the frame (the read buffer is 64 KiB, larger
+/// frames and every unpacked PACKED body get a buffer of their own). The copy costs ~16 ns
+/// per item (`cargo bench -p velo-mux`, 100 B items).
 pub const COPY_BELOW: usize = 16 * 1024;

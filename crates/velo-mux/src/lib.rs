@@ -44,10 +44,10 @@
 //! | silence from the peer | `idle_timeout` (10 s) | the lane closes ([`LaneError::IdleTimeout`]) |
 //! | peer's heartbeat demand | a HELLO's idle timeout within 100 ms..=1 h | the lane is refused ([`handshake::HandshakeError::IdleTimeout`]) |
 //! | frontend slot table per lane | 1 KiB page per 64 worker slots in use, plus 8 B per page up to the highest | pages are freed with their last stream |
-//! | bytes a queued item keeps alive (frontend) | items under [`COPY_BELOW`] (16 KiB) are copied out of the receive buffer (those of at most 512 B into shared 4 KiB chunks, so one keeps at most 4 KiB alive); larger ones pin at most 4 times their size | a consumer that stops reading costs its items' bytes, not the buffers they arrived in |
+//! | bytes a queued item keeps alive (frontend) | items under [`COPY_BELOW`] (16 KiB) are copied out of the receive buffer (those of at most 512 B into shared 4 KiB chunks, so one keeps at most 4 KiB alive), and so are those of at most a quarter of their batch's body; the others pin at most 4 times their size, whatever the frame | a consumer that stops reading costs its items' bytes, not the buffers they arrived in |
 //! | receive queues kept for reuse (frontend) | [`SPARE_QUEUES`] (256) of at most [`SPARE_QUEUE_ITEMS`] (64) items: 512 KiB | a released stream's queue is dropped instead of kept |
-//! | a stream's prologue (both sides) | `max_prologue_len` (64 KiB) | worker: [`OpenError::PrologueTooLarge`]; frontend: the OPEN is refused with CANCEL `protocol_error`, counted as churn |
-//! | streams refused, or reset before their first item, per connection (frontend) | `churn_limit` (a burst of 1,024, then 256/s) | the lane that went past it closes with CLOSE `churn_limit` ([`LaneError::ChurnLimit`]) |
+//! | a stream's prologue (both sides) | `max_prologue_len` (64 KiB); a frontend keeps a copy, not the frame it came in | worker: [`OpenError::PrologueTooLarge`]; frontend: the OPEN is refused with CANCEL `protocol_error`, counted as churn |
+//! | streams refused, reset or killed for a protocol violation before their first item, per connection (frontend) | `churn_limit` (a burst of 1,024, then 256/s) | the lane that went past it closes with CLOSE `churn_limit` ([`LaneError::ChurnLimit`]) |
 //! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
 //! | batch size | [`FlushPolicy`] (64 KiB, 1,024 records) | the batch is sealed and a new one starts |
 //! | events | one pending event of each kind per stream, plus one `LostBeforeAccept` per stream a lane's loss ended unseen (at most `max_streams` from each loss) | - |

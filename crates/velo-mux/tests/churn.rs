@@ -96,6 +96,32 @@ fn opens_reset_before_their_first_item_count_and_streams_that_worked_do_not() {
     assert_eq!(err.close_code(), Some(velo_wire::CloseCode::CHURN_LIMIT));
 }
 
+#[test]
+fn opens_killed_by_a_bad_record_before_their_first_item_count_as_churn() {
+    let mut pair = pair();
+    // An OPEN then a DATA out of sequence: the stream dies for the violation, the frontend
+    // having done an OPEN's work for it (and a CANCEL back), as for a reset.
+    let violated = |slot: u32| {
+        [
+            open(slot, PROLOGUE),
+            Record::Data {
+                stream: StreamId::new(slot, 0),
+                seq: 1,
+                payload: Bytes::from_static(b"x"),
+            },
+        ]
+    };
+    for slot in 0..8 {
+        inject(&mut pair, LaneId(0), &violated(slot)).unwrap();
+    }
+    assert_eq!(pair.frontend.stats().churn, 8);
+    let err = inject(&mut pair, LaneId(0), &violated(8)).unwrap_err();
+    assert!(
+        matches!(err, LaneError::ChurnLimit { burst: 8, .. }),
+        "{err}"
+    );
+}
+
 /// An OPEN in `slot` and its reset before any item: one unit of churn.
 fn reset(slot: u32) -> [Record; 2] {
     [

@@ -44,7 +44,7 @@ pub enum WireError {
         reason: &'static str,
     },
     /// A record inside a batch names a kind this version does not define.
-    #[error("unknown record kind {kind:#04x}: version 3 defines 0x01..=0x09")]
+    #[error("unknown record kind {kind:#04x}: version 3 defines 0x01..=0x0a")]
     UnknownRecord {
         /// The kind byte received.
         kind: u8,

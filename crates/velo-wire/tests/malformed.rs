@@ -177,6 +177,16 @@ fn unknown_kinds_are_named() {
 }
 
 #[test]
+fn an_unknown_record_kind_names_the_kinds_version_3_defines() {
+    // ACCEPT (0x0a) is the last kind version 3 defines; the message goes to the peer in CLOSE.
+    let message = WireError::UnknownRecord { kind: 0x0b }.to_string();
+    assert_eq!(
+        message,
+        "unknown record kind 0x0b: version 3 defines 0x01..=0x0a"
+    );
+}
+
+#[test]
 fn oversized_frames_are_refused_before_buffering() {
     let mut huge = vec![0x02];
     huge.extend_from_slice(&u32::MAX.to_le_bytes());
