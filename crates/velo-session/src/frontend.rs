@@ -66,6 +66,10 @@ pub enum AttachError {
     /// The worker's HELLO and this side disagree on the cluster secret.
     #[error("{0}")]
     Unauthenticated(&'static str),
+    /// The worker's connection ended each time this lane was about to join it (its other
+    /// lanes died meanwhile, [`ATTACH_ATTEMPTS`] times): the worker dials again.
+    #[error("the worker's connection ended {ATTACH_ATTEMPTS} times as lane {0} joined it")]
+    ConnectionEnded(u16),
     /// The worker's lanes announce different discovery instances.
     #[error("lane {index} announces worker instance {got:?}, the connection {expected:?}")]
     WorkerInstance {
@@ -87,10 +91,15 @@ impl AttachError {
                 CloseCode::BAD_HANDSHAKE
             }
             Self::ShuttingDown => CloseCode::SHUTTING_DOWN,
+            Self::ConnectionEnded(_) => CloseCode::NORMAL,
             Self::Unauthenticated(_) => CloseCode::UNAUTHENTICATED,
         }
     }
 }
+
+/// How many times a lane tries to join its worker's connection when that connection keeps
+/// ending under it (each try after the first joins a new one).
+pub const ATTACH_ATTEMPTS: u32 = 3;
 
 /// A frontend's side of the response plane: accepts connections from workers and hands every
 /// stream they open to an [`Acceptor`].
@@ -238,54 +247,61 @@ impl FrontendEndpoint {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(AttachError::ShuttingDown);
         }
-        let peer = {
-            let mut peers = self
-                .inner
-                .peers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            peers.retain(|_, p| !p.inner.done.is_cancelled());
-            let peer = peers.entry(worker.instance_id).or_insert_with(|| {
-                let mux_config = self.inner.settings.mux.with_lanes(worker.lane_count);
-                let mux = Mux::new(mux_config, clock::now());
-                Peer::new(
-                    mux,
-                    worker.instance_id,
-                    worker.worker_instance,
-                    Some(self.inner.acceptor.clone()),
-                    None, // a frontend opens no streams, so it loses none before an ACCEPT
-                    &self.inner.abort,
-                    self.inner.retired.clone(),
-                )
-            });
-            peer.clone()
-        };
-        let lanes = peer.lock().mux.config().lanes();
-        if worker.lane_count != lanes {
-            return Err(AttachError::LaneCount {
-                index: worker.lane_index,
-                count: worker.lane_count,
-                expected: lanes,
-            });
+        let mut io = io;
+        for _ in 0..ATTACH_ATTEMPTS {
+            let peer = self.connection_of(worker);
+            let lanes = peer.lock().mux.config().lanes();
+            if worker.lane_count != lanes {
+                return Err(AttachError::LaneCount {
+                    index: worker.lane_index,
+                    count: worker.lane_count,
+                    expected: lanes,
+                });
+            }
+            check_instance(&peer, worker)?;
+            let lane = LaneId(worker.lane_index);
+            if peer.lane_state(lane) != LaneState::Down {
+                return Err(AttachError::LaneInUse(worker.lane_index));
+            }
+            let read_buffer = self.inner.settings.read_buffer;
+            match peer.start_lane(lane, worker, io, &self.inner.tracker, read_buffer) {
+                Ok(()) => {
+                    // `close` may have run since the check above, before this connection
+                    // was listed or before this lane came up: it must not outlive the close.
+                    if self.inner.closing.load(Ordering::Acquire) {
+                        peer.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
+                    }
+                    return Ok(());
+                }
+                // Its last lane died since the lookup: this lane joins a new connection.
+                Err(back) => io = back,
+            }
         }
-        check_instance(&peer, worker)?;
-        let lane = LaneId(worker.lane_index);
-        if peer.lane_state(lane) != LaneState::Down {
-            return Err(AttachError::LaneInUse(worker.lane_index));
-        }
-        peer.start_lane(
-            lane,
-            worker,
-            io,
-            &self.inner.tracker,
-            self.inner.settings.read_buffer,
-        );
-        // `close` may have run since the check above, before this connection was listed or
-        // before this lane came up: it must not outlive the close.
-        if self.inner.closing.load(Ordering::Acquire) {
-            peer.close(CloseCode::SHUTTING_DOWN, "frontend shutting down");
-        }
-        Ok(())
+        Err(AttachError::ConnectionEnded(worker.lane_index))
+    }
+
+    /// The worker's connection (created on its first lane), forgetting those that are done.
+    fn connection_of(&self, worker: &Hello) -> Peer {
+        let mut peers = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        peers.retain(|_, p| !p.inner.done.is_cancelled());
+        let peer = peers.entry(worker.instance_id).or_insert_with(|| {
+            let mux_config = self.inner.settings.mux.with_lanes(worker.lane_count);
+            let mux = Mux::new(mux_config, clock::now());
+            Peer::new(
+                mux,
+                worker.instance_id,
+                worker.worker_instance,
+                Some(self.inner.acceptor.clone()),
+                None, // a frontend opens no streams, so it loses none before an ACCEPT
+                &self.inner.abort,
+                self.inner.retired.clone(),
+            )
+        });
+        peer.clone()
     }
 
     /// Connections currently attached.

@@ -48,6 +48,7 @@ pub mod fuzzing;
 mod handshake;
 mod io;
 mod listening;
+mod mailbox;
 mod peer;
 mod pump;
 mod recv;
@@ -65,7 +66,7 @@ pub use accept::{
 pub use auth::{ClusterSecret, MAX_SECRET_LEN, MIN_SECRET_LEN, SecretError};
 pub use budget::{Exhausted, HandshakeBudget, HandshakeTicket};
 pub use error::{ConnectError, StreamError};
-pub use frontend::{AttachError, FrontendEndpoint, FrontendSettings};
+pub use frontend::{ATTACH_ATTEMPTS, AttachError, FrontendEndpoint, FrontendSettings};
 pub use handshake::{HANDSHAKE_MAX_FRAME, REFUSE_TIMEOUT};
 pub use io::{
     Dialer, EstablishError, LaneIo, LaneListener, LaneRead, LaneWrite, RawLane, TLS_REQUIRED_REASON,

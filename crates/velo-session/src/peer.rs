@@ -7,8 +7,10 @@
 //! task wake per record (~200 ns for a `tokio::sync::mpsc`, ~50 us when it crosses threads on
 //! our machines), while the mux work per record is ~30 ns. So the mux lives in a `Mutex`
 //! shared by the lane pumps and the stream handles, and every lock does a whole batch of work:
-//! a reader locks once per socket read (hundreds of records), a consumer once per wake (all
-//! its queued items), a writer once per transmit. No lock is ever held across an `.await`.
+//! a reader locks once per socket read (hundreds of records), a writer once per transmit. A
+//! frontend stream's handle is handed its items by the reader, into its own mailbox
+//! ([`Mailbox`]), and takes this lock only for what arrived while it was away. No lock is
+//! ever held across an `.await`; a mailbox's lock is only ever taken after this one.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,6 +25,7 @@ use tracing::Instrument;
 use velo_mux::{LaneId, LaneState, Mux, MuxEvent, MuxStats, StreamKey};
 use velo_wire::{Hello, InstanceId, Token};
 
+use crate::mailbox::Mailbox;
 use crate::recv::IncomingStream;
 use crate::{LaneIo, clock, pump};
 
@@ -123,8 +126,8 @@ pub(crate) struct PeerState {
 /// Wakers of one stream's handle, by what they wait for.
 struct StreamWakers {
     generation: u32,
-    /// Frontend: items or the end arrived.
-    recv: Option<Waker>,
+    /// Frontend: where the lane readers hand the stream's items to its handle.
+    mailbox: Option<Arc<Mailbox>>,
     /// Worker: credit came back, or the stream ended.
     send: Option<Waker>,
     /// Worker: the frontend asked to stop, or the stream ended (several watchers may wait).
@@ -136,7 +139,6 @@ struct StreamWakers {
 /// Which waker a handle registers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum WakeOn {
-    Recv,
     Send,
     Stop,
     Closed,
@@ -270,6 +272,12 @@ impl Peer {
     }
 
     /// Brings `lane` up with the peer's HELLO and starts its reader and writer on `tracker`.
+    ///
+    /// # Errors
+    ///
+    /// The lane's transport back, starting nothing, when the connection is already done (its
+    /// last pump ended: it is unlisted and its counters retired; the lane belongs on a new
+    /// connection).
     pub(crate) fn start_lane(
         &self,
         lane: LaneId,
@@ -277,30 +285,52 @@ impl Peer {
         io: LaneIo,
         tracker: &TaskTracker,
         read_buffer: usize,
-    ) {
-        // A lane is brought up once: a connection whose lanes all died is replaced, not revived.
-        self.with(|st, now| st.mux.handle_lane_up(now, lane, hello));
-        self.inner.alive.store(true, Ordering::Release);
-        self.inner.pumps.fetch_add(2, Ordering::AcqRel);
+    ) -> Result<(), LaneIo> {
+        // Decided under the lock `pump_ended` decides "done" under: a lane either starts
+        // before the connection is done (and keeps it from being done), or not at all.
+        let started = self.with(|st, now| {
+            if self.inner.done.is_cancelled() {
+                return false;
+            }
+            // A lane is brought up once: a connection whose lanes all died is replaced.
+            st.mux.handle_lane_up(now, lane, hello);
+            self.inner.pumps.fetch_add(2, Ordering::AcqRel);
+            self.inner.alive.store(true, Ordering::Release);
+            true
+        });
+        if !started {
+            return Err(io);
+        }
         let LaneIo { read, write } = io;
         // One span per lane covers its whole life; records are never logged one by one.
         let span = tracing::debug_span!("lane", peer = %self.inner.instance, lane = lane.0);
         tracing::debug!(parent: &span, "lane up");
         tracker.spawn(pump::run_writer(self.clone(), lane, write).instrument(span.clone()));
         tracker.spawn(pump::run_reader(self.clone(), lane, read, read_buffer).instrument(span));
+        Ok(())
     }
 
-    /// A pump of this peer ended; the last one marks the peer done.
+    /// Keeps the connection from being done until the matching [`pump_ended`]: a worker
+    /// starting its lanes one by one, one of which may die before the next starts.
+    ///
+    /// [`pump_ended`]: Self::pump_ended
+    pub(crate) fn hold(&self) {
+        let _st = self.lock();
+        self.inner.pumps.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A pump of this peer ended (or a [`hold`](Self::hold) was let go); the last one marks
+    /// the peer done.
     pub(crate) fn pump_ended(&self) {
+        // Under the retired lock, so a total taken meanwhile counts this connection exactly
+        // once (live, or retired); then under the peer's, which `start_lane` checks under.
+        let mut retired = self.inner.retired.lock();
+        let st = self.lock();
         if self.inner.pumps.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.inner
-                .alive
-                .store(self.lock().mux.is_connected(), Ordering::Release);
-            if !self.is_alive() {
-                // Under the retired lock, so a total taken meanwhile counts this connection
-                // exactly once: live, or retired.
-                let mut retired = self.inner.retired.lock();
-                *retired += self.lock().mux.stats();
+            let connected = st.mux.is_connected();
+            self.inner.alive.store(connected, Ordering::Release);
+            if !connected {
+                *retired += st.mux.stats();
                 self.inner.done.cancel();
             }
         }
@@ -310,10 +340,12 @@ impl Peer {
     /// (waking handles and lane writers) and hands opened streams to the acceptor.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut PeerState, Instant) -> R) -> R {
         let mut st = self.lock();
-        let r = f(&mut st, clock::now());
-        if st.dispatch(&self.inner.lanes) {
+        let now = clock::now();
+        let r = f(&mut st, now);
+        if st.dispatch(&self.inner.lanes, now) {
             self.inner.going_away.store(true, Ordering::Release);
         }
+        let retire = self.is_going_away() && st.retire_if_idle();
         if std::mem::take(&mut st.lane_closed) && !st.mux.is_connected() {
             self.inner.alive.store(false, Ordering::Release);
         }
@@ -333,6 +365,11 @@ impl Peer {
             std::mem::take(&mut st.lost_opens)
         };
         drop(st);
+        if retire {
+            for ctl in self.inner.lanes.iter() {
+                ctl.notify.notify_one();
+            }
+        }
         if let (false, Some(on_lost)) = (lost.is_empty(), &self.inner.on_lost) {
             on_lost(self, lost);
         }
@@ -351,7 +388,6 @@ impl Peer {
         }
         let w = st.wakers_mut(key);
         let slot = match on {
-            WakeOn::Recv => &mut w.recv,
             WakeOn::Send => &mut w.send,
             WakeOn::Stop | WakeOn::Closed => {
                 let list = if matches!(on, WakeOn::Stop) {
@@ -371,8 +407,21 @@ impl Peer {
         }
     }
 
+    /// Frontend: hands `key`'s items to `mailbox` from now on (see [`Mailbox`]). Nothing is
+    /// attached for a stream the mux no longer holds.
+    pub(crate) fn attach_mailbox(st: &mut PeerState, key: StreamKey, mailbox: &Arc<Mailbox>) {
+        if st.mux.stream_state(key).is_some() {
+            st.wakers_mut(key).mailbox = Some(Arc::clone(mailbox));
+        }
+    }
+
     /// Registers `waker` to be woken when `lane` has buffer room again.
     pub(crate) fn register_lane(st: &mut PeerState, lane: LaneId, waker: &Waker) {
+        // A lane that is not up never has room again: its list would keep the waker for as
+        // long as the connection lives.
+        if st.mux.lane_state(lane) != LaneState::Up {
+            return;
+        }
         if let Some(list) = st.lane_waiters.get_mut(usize::from(lane.0))
             && !list.iter().any(|w| w.will_wake(waker))
         {
@@ -454,7 +503,7 @@ impl PeerState {
         {
             *slot = Some(StreamWakers {
                 generation: key.generation(),
-                recv: None,
+                mailbox: None,
                 send: None,
                 stop: Vec::new(),
                 closed: Vec::new(),
@@ -465,12 +514,16 @@ impl PeerState {
 
     /// Turns the mux's events into wakeups (collected in `to_wake`, woken after unlock).
     /// Returns whether the peer said it is going away.
-    fn dispatch(&mut self, lanes: &[LaneCtl]) -> bool {
+    fn dispatch(&mut self, lanes: &[LaneCtl], now: Instant) -> bool {
         let mut going_away = false;
         while let Some(event) = self.mux.poll_event() {
             match event {
                 MuxEvent::Readable(k) => {
-                    if let Some(w) = wakers_of(&mut self.wakers, k).and_then(|w| w.recv.take()) {
+                    // Under this lock anyway: hand the items over now if the handle waits.
+                    if let Some(mailbox) =
+                        wakers_of(&mut self.wakers, k).and_then(|w| w.mailbox.as_deref())
+                        && let Some(w) = mailbox.on_readable(&mut self.mux, now, k)
+                    {
                         self.to_wake.push(w);
                     }
                 }
@@ -534,6 +587,30 @@ impl PeerState {
         going_away
     }
 
+    /// Worker: closes a connection whose frontend is going away once no stream is left on it
+    /// (a frontend that says GOAWAY and never closes would otherwise have the worker keep
+    /// every such connection). Returns whether it closed the lanes.
+    fn retire_if_idle(&mut self) -> bool {
+        let lanes = self.mux.config().lanes();
+        if self.mux.config().side() != velo_mux::Side::Worker
+            || self.mux.stream_count() != 0
+            || !self.mux.is_connected()
+            // The last records (a FINAL, its batch) go out first.
+            || (0..lanes).any(|i| self.mux.lane_buffered(LaneId(i)) != 0)
+        {
+            return false;
+        }
+        tracing::debug!("closing a going-away connection with no stream left");
+        for i in 0..lanes {
+            self.mux.close(
+                LaneId(i),
+                velo_wire::CloseCode::NORMAL,
+                "the frontend is going away and no stream is left",
+            );
+        }
+        true
+    }
+
     fn wake_lane_waiters(&mut self, lane: LaneId) {
         if let Some(list) = self.lane_waiters.get_mut(usize::from(lane.0)) {
             self.to_wake.append(list);
@@ -548,4 +625,58 @@ fn wakers_of(wakers: &mut [Option<StreamWakers>], key: StreamKey) -> Option<&mut
         .get_mut(key.index() as usize)?
         .as_mut()
         .filter(|w| w.generation == key.generation())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+    use velo_mux::{LaneId, Mux, MuxConfig, Side};
+
+    use super::{Peer, Retired};
+    use crate::{LaneIo, RawLane, StreamLane, clock, new_instance_id};
+
+    fn lane() -> (LaneIo, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let raw: Box<dyn RawLane> = Box::new(StreamLane::new(ours, tokio::io::split));
+        (raw.into_io(), theirs)
+    }
+
+    /// A frontend looks a worker's connection up for a new lane while its only lane dies: by
+    /// the time the lane would start, the connection is done (unlisted, its counters
+    /// retired, skipped by `close`). The lane must not start on it.
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_is_not_started_on_a_connection_already_done() {
+        let frontend = MuxConfig::builder(Side::Frontend).lanes(2).build().unwrap();
+        let worker = MuxConfig::builder(Side::Worker).lanes(2).build().unwrap();
+        let (me, them) = (new_instance_id(), new_instance_id());
+        let abort = CancellationToken::new();
+        let mux = Mux::new(frontend, clock::now());
+        let peer = Peer::new(mux, them, None, None, None, &abort, Retired::default());
+        let tracker = TaskTracker::new();
+        let (io0, far0) = lane();
+        let hello0 = worker.hello(0, them, me);
+        assert!(
+            peer.start_lane(LaneId(0), &hello0, io0, &tracker, 4096)
+                .is_ok()
+        );
+        drop(far0);
+        tokio::time::timeout(Duration::from_secs(60), peer.closed())
+            .await
+            .expect("lane 0's pumps end");
+        let (io1, _far1) = lane();
+        let hello1 = worker.hello(1, them, me);
+        assert!(
+            peer.start_lane(LaneId(1), &hello1, io1, &tracker, 4096)
+                .is_err(),
+            "a done connection takes no lane"
+        );
+        assert!(!peer.is_usable());
+        tracker.close();
+        tokio::time::timeout(Duration::from_secs(60), tracker.wait())
+            .await
+            .expect("no task left running");
+    }
 }

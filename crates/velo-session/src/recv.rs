@@ -2,13 +2,15 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use velo_mux::{StreamEnd, StreamKey};
 use velo_wire::{CancelCode, Token};
 
-use crate::peer::{Peer, WakeOn};
+use crate::mailbox::Mailbox;
+use crate::peer::Peer;
 
 /// A response stream as the frontend reads it.
 ///
@@ -18,6 +20,8 @@ use crate::peer::{Peer, WakeOn};
 ///
 /// Each wake moves every queued item into the handle at once, returning their credit to the
 /// worker: a stream therefore holds at most two credit windows (one here, one in the mux).
+/// A waiting handle's items are handed to it by the lane reader that received them, so it
+/// takes them without the connection's lock (see `mailbox.rs`).
 #[derive(Debug)]
 pub struct RecvStream {
     peer: Peer,
@@ -25,6 +29,9 @@ pub struct RecvStream {
     items: VecDeque<Bytes>,
     end: Option<StreamEnd>,
     reported: bool,
+    mailbox: Arc<Mailbox>,
+    /// The connection hands items to `mailbox` (attached on the first take).
+    attached: bool,
 }
 
 impl RecvStream {
@@ -35,6 +42,8 @@ impl RecvStream {
             items: VecDeque::new(),
             end: None,
             reported: false,
+            mailbox: Arc::default(),
+            attached: false,
         }
     }
 
@@ -50,21 +59,7 @@ impl RecvStream {
             return Poll::Ready(Some(Ok(item)));
         }
         if self.end.is_none() {
-            let key = self.key;
-            let items = &mut self.items;
-            let end = self.peer.with(|st, now| {
-                let end = st.mux.recv_all(now, key, items);
-                if items.is_empty() && matches!(end, Some(None)) {
-                    Peer::register(st, key, WakeOn::Recv, cx.waker());
-                }
-                end
-            });
-            match end {
-                // The stream is gone from the mux: it was released, which only `Drop` does.
-                None => self.end = Some(StreamEnd::Cancelled(CancelCode::CANCELLED)),
-                Some(Some(end)) => self.end = Some(end),
-                Some(None) => {}
-            }
+            self.take(cx);
             if let Some(item) = self.items.pop_front() {
                 return Poll::Ready(Some(Ok(item)));
             }
@@ -80,6 +75,51 @@ impl RecvStream {
                 self.reported = true;
                 Poll::Ready(Some(Err(end.clone())))
             }
+        }
+    }
+
+    /// Takes what the stream has for its (empty) handle: what a lane reader left in the
+    /// mailbox, else, when the mailbox says items were left in the mux (or is not attached
+    /// yet), whatever the mux holds, under the connection's lock. Registers `cx` to be woken
+    /// when that finds nothing.
+    fn take(&mut self, cx: &mut Context<'_>) {
+        if self.attached {
+            let mut slot = self.mailbox.lock();
+            if !slot.items.is_empty() {
+                std::mem::swap(&mut self.items, &mut slot.items);
+            }
+            self.end = slot.end.take();
+            if !self.items.is_empty() || self.end.is_some() {
+                return;
+            }
+            if !std::mem::take(&mut slot.in_mux) {
+                slot.wait(cx.waker());
+                return;
+            }
+        }
+        let (key, items, mailbox) = (self.key, &mut self.items, &self.mailbox);
+        let attach = !std::mem::replace(&mut self.attached, true);
+        let end = self.peer.with(|st, now| {
+            if attach {
+                Peer::attach_mailbox(st, key, mailbox);
+            }
+            // No reader hands anything over while this lock is held: drain the mailbox (its
+            // items are older than the mux's), then the mux.
+            let mut slot = mailbox.lock();
+            slot.in_mux = false;
+            items.append(&mut slot.items);
+            let early = slot.end.take();
+            let end = st.mux.recv_all(now, key, items).map(|end| early.or(end));
+            if items.is_empty() && matches!(end, Some(None)) {
+                slot.wait(cx.waker());
+            }
+            end
+        });
+        match end {
+            // The stream is gone from the mux: it was released, which only `Drop` does.
+            None => self.end = Some(StreamEnd::Cancelled(CancelCode::CANCELLED)),
+            Some(Some(end)) => self.end = Some(end),
+            Some(None) => {}
         }
     }
 

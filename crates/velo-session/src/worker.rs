@@ -521,10 +521,15 @@ async fn prepare(
         &inner.abort,
         inner.retired.clone(),
     );
+    // Held while the lanes start: one that dies at once must not leave the connection done
+    // (and refusing the next lanes) before they are all up.
+    peer.hold();
     for (i, (hello, io)) in lanes_io.into_iter().enumerate() {
         let lane = LaneId(u16::try_from(i).expect("at most 64 lanes"));
-        peer.start_lane(lane, &hello, io, &inner.tracker, inner.settings.read_buffer);
+        let started = peer.start_lane(lane, &hello, io, &inner.tracker, inner.settings.read_buffer);
+        debug_assert!(started.is_ok(), "a held connection is never done");
     }
+    peer.pump_ended();
     tracing::debug!(%instance, %addr, lanes, "connection to frontend prepared");
     Ok(peer)
 }

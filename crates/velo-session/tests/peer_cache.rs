@@ -271,3 +271,47 @@ async fn connections_are_cached_per_instance_and_address() {
     assert_eq!(dialed.iter().filter(|d| **d == b).count(), LANES);
     w.shut_down().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_going_away_connection_closes_once_no_stream_is_left_on_it() {
+    // A frontend that says GOAWAY on every connection and never closes one: the worker must
+    // not keep each (lanes, tasks, sockets) for good.
+    let mut w = World::new();
+    let mut old = Vec::new();
+    for ticket in 0..5 {
+        let (tx, mut rx) = w.stream(ticket).await;
+        let peer = tx.peer().clone();
+        tx.finish(bytes::Bytes::new()).await.unwrap();
+        assert!(within("the stream's end", rx.recv()).await.is_none());
+        drop(rx);
+        w.frontend.go_away();
+        common::eventually("the worker hearing of the go-away", || peer.is_going_away()).await;
+        old.push(peer);
+    }
+    for peer in &old {
+        within("an idle going-away connection closing", peer.closed()).await;
+    }
+    // A going-away connection with a stream still open stays until that stream ends.
+    let (mut tx, mut rx) = w.stream(9).await;
+    let peer = tx.peer().clone();
+    w.frontend.go_away();
+    common::eventually("the go-away", || peer.is_going_away()).await;
+    assert!(peer.is_alive(), "its stream is still open");
+    tx.send(b"late").await.unwrap();
+    tx.finish(bytes::Bytes::new()).await.unwrap();
+    assert_eq!(
+        within("the item", rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"late"
+    );
+    assert!(within("the end", rx.recv()).await.is_none());
+    within(
+        "the connection closing after its last stream",
+        peer.closed(),
+    )
+    .await;
+    w.shut_down().await;
+}

@@ -6,9 +6,12 @@
 mod common;
 
 use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::{World, still_pending, within};
+use common::{World, eventually, still_pending, within};
 use velo_mux::StreamEnd;
 use velo_session::StreamError;
 use velo_wire::CancelCode;
@@ -53,6 +56,39 @@ async fn a_pending_read_wakes_when_an_item_arrives() {
     tx.send(b"first").await.unwrap();
     let got = within("the item", read).await.unwrap().unwrap().unwrap();
     assert_eq!(got, Bytes::from_static(b"first"));
+    w.shut_down().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn items_that_arrive_while_a_reader_is_away_follow_those_handed_to_it_in_order() {
+    // A waiting handle is handed the items its lane reader receives (without the
+    // connection's lock); items that arrive before it comes back wait in the connection's
+    // mux. Read together, they keep their order, and the end comes after them.
+    let mut w = World::new();
+    let (mut tx, mut rx) = w.stream(1).await;
+    {
+        let mut read = pin!(rx.recv());
+        still_pending("a read with nothing sent", read.as_mut()).await;
+    }
+    // The handle is registered as waiting: the first item is handed over...
+    tx.send(b"first").await.unwrap();
+    let peer = rx.peer().clone();
+    eventually("the first item arriving", || {
+        peer.stats().payload_bytes_received >= 5
+    })
+    .await;
+    // ...and the next ones arrive while nobody waits.
+    tx.send(b"second").await.unwrap();
+    tx.finish(Bytes::from_static(b"third")).await.unwrap();
+    eventually("every item arriving", || {
+        peer.stats().payload_bytes_received >= 16
+    })
+    .await;
+    for want in [&b"first"[..], b"second", b"third"] {
+        let got = within("an item", rx.recv()).await.unwrap().unwrap();
+        assert_eq!(got, Bytes::from_static(want));
+    }
+    assert!(within("the end", rx.recv()).await.is_none(), "a clean end");
     w.shut_down().await;
 }
 
@@ -132,7 +168,7 @@ async fn a_send_blocked_on_a_full_lane_wakes_when_the_peer_reads_again() {
     // One lane, a small lane buffer, a large window: the lane fills before credit runs out.
     // A long idle timeout: the frontend that stops reading here must not time the lane out
     // while the test checks that the send waits.
-    let hour = std::time::Duration::from_secs(3600);
+    let hour = Duration::from_secs(3600);
     let mut w = World::with(
         |b| b.window(60_000).idle_timeout(hour),
         |b| b.lanes(1).max_buffered_bytes(64 * 1024).idle_timeout(hour),
@@ -271,7 +307,7 @@ async fn a_watcher_still_hears_of_a_lost_stream_after_its_sender_is_gone() {
     let (tx, _rx) = w.stream(1).await;
     let watch = tx.watch();
     w.connector.lanes()[0].sever.cancel();
-    common::eventually("the worker hearing of the lost lane", || {
+    eventually("the worker hearing of the lost lane", || {
         watch.remote_end().is_some()
     })
     .await;
@@ -283,5 +319,62 @@ async fn a_watcher_still_hears_of_a_lost_stream_after_its_sender_is_gone() {
     ));
     within("the stop watcher", watch.stopped()).await;
     assert!(matches!(watch.remote_end(), Some(StreamEnd::Lost(_))));
+    w.shut_down().await;
+}
+
+/// A waker that only counts who holds it.
+struct Held;
+
+impl Wake for Held {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_lane_keeps_no_waker_of_the_opens_that_waited_for_room() {
+    let hour = Duration::from_secs(3600);
+    let mut w = World::with(
+        |b| b.window(60_000).idle_timeout(hour),
+        |b| b.lanes(2).max_buffered_bytes(64 * 1024).idle_timeout(hour),
+    );
+    let (mut tx0, _rx0) = w.stream(1).await; // lane 0
+    let (_tx1, mut rx1) = w.stream(2).await; // lane 1
+    let peer = tx0.peer().clone();
+    // Lane 1 dies for good; lane 0 keeps the connection usable.
+    w.connector.lanes()[1].sever.cancel();
+    let end = within("lane 1's stream ending", rx1.recv()).await;
+    assert!(matches!(end, Some(Err(StreamEnd::Lost(_)))), "{end:?}");
+    assert!(peer.is_usable());
+    // The frontend stops reading lane 0, which fills.
+    let lane0 = w.connector.lanes()[0].clone();
+    lane0.frontend_reads.set(false);
+    let item = vec![0x5a; 900];
+    let mut sent = 0;
+    while tx0.try_send(&item).unwrap() {
+        sent += 1;
+        assert!(sent < 100_000, "lane 0 fills");
+        tokio::task::yield_now().await;
+    }
+    // 100 requests with a large prologue wait for room, then give up (each its own task).
+    let prologue = vec![b' '; 2000];
+    let tasks: Vec<Arc<Held>> = (0..100).map(|_| Arc::new(Held)).collect();
+    for task in &tasks {
+        let waker = Waker::from(Arc::clone(task));
+        let mut cx = Context::from_waker(&waker);
+        let mut open = pin!(velo_session::open_when_room(
+            &peer,
+            7,
+            &common::TOKEN,
+            &prologue
+        ));
+        assert!(open.as_mut().poll(&mut cx).is_pending(), "no lane has room");
+    }
+    // Lane 0 drains and lets its waiters go; the dead lane must hold none of them.
+    lane0.frontend_reads.set(true);
+    eventually("lane 0 draining", || peer.buffered_bytes() == 0).await;
+    eventually("every waiting open's waker let go", || {
+        tasks.iter().all(|t| Arc::strong_count(t) == 1)
+    })
+    .await;
+    drop(tx0);
     w.shut_down().await;
 }
