@@ -166,6 +166,16 @@ impl Mux {
             .map_or(0, |l| l.tx.buffered())
     }
 
+    /// Whether everything queued on `lane` has been written: nothing buffered, and no chunk
+    /// taken by [`poll_transmit`](Self::poll_transmit) still waiting for
+    /// [`handle_transmitted`](Self::handle_transmitted). A lane that is not up counts as
+    /// flushed.
+    pub fn lane_flushed(&self, lane: LaneId) -> bool {
+        self.lanes
+            .get(usize::from(lane.0))
+            .is_none_or(|l| l.tx.buffered() == 0 && l.writing_since.is_none())
+    }
+
     /// Frontend: heap bytes of `lane`'s table from worker slots to streams (it follows the
     /// live streams, whatever slot numbers the worker uses).
     pub fn lane_table_bytes(&self, lane: LaneId) -> usize {

@@ -595,8 +595,9 @@ impl PeerState {
         if self.mux.config().side() != velo_mux::Side::Worker
             || self.mux.stream_count() != 0
             || !self.mux.is_connected()
-            // The last records (a FINAL, its batch) go out first.
-            || (0..lanes).any(|i| self.mux.lane_buffered(LaneId(i)) != 0)
+            // The last records (a FINAL, its batch) are written first, those already in
+            // the writer's hands included: a closing lane's write gets only `CLOSE_GRACE`.
+            || !(0..lanes).all(|i| self.mux.lane_flushed(LaneId(i)))
         {
             return false;
         }

@@ -315,3 +315,45 @@ async fn a_going_away_connection_closes_once_no_stream_is_left_on_it() {
     .await;
     w.shut_down().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_going_away_connection_closes_only_after_its_last_bytes_are_written() {
+    // The last stream finishes while its bytes are still in the writer's hands (the frontend
+    // is slow to read): the connection must wait for them, not cut them off.
+    let hour = Duration::from_secs(3600);
+    let mut w = World::with(
+        |b| b.window(60_000).idle_timeout(hour),
+        |b| b.lanes(1).idle_timeout(hour),
+    );
+    let (mut tx, mut rx) = w.stream(1).await;
+    let peer = tx.peer().clone();
+    w.frontend.go_away();
+    common::eventually("the worker hearing of the go-away", || peer.is_going_away()).await;
+    let lane = w.connector.lanes()[0].clone();
+    lane.frontend_reads.set(false);
+    let item = vec![0x5a; 1000];
+    const ITEMS: usize = 110; // more than the in-memory lane's 64 KiB
+    for _ in 0..ITEMS {
+        assert!(
+            tx.try_send(&item).unwrap(),
+            "credit and room for every item"
+        );
+    }
+    tx.finish(bytes::Bytes::new()).await.unwrap();
+    // Longer than the grace a closing lane's write gets.
+    tokio::time::sleep(3 * velo_session::CLOSE_GRACE).await;
+    lane.frontend_reads.set(true);
+    let mut got = 0;
+    let end = loop {
+        match within("the next item", rx.recv()).await {
+            Some(Ok(_)) => got += 1,
+            other => break other,
+        }
+    };
+    assert!(
+        end.is_none() && got == ITEMS,
+        "got {got} of {ITEMS} items, then {end:?}"
+    );
+    within("the connection closing", peer.closed()).await;
+    w.shut_down().await;
+}
