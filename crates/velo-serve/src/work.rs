@@ -155,12 +155,22 @@ async fn write_requests(
             () = lost.cancelled() => None,
         };
         let Some(first) = first else { break };
-        // Everything queued goes out in one write.
-        let mut ok = out.feed(first).await.is_ok();
-        while ok && let Ok(more) = rx.try_recv() {
-            ok = out.feed(more).await.is_ok();
-        }
-        if !ok || SinkExt::<Bytes>::flush(&mut out).await.is_err() {
+        // Everything queued goes out in one write; a worker that stops reading blocks it, so
+        // the write also ends when the worker is removed (`close`): leaving drops `rx`, which
+        // ends every send waiting for room in the queue.
+        let write = async {
+            let mut ok = out.feed(first).await.is_ok();
+            while ok && let Ok(more) = rx.try_recv() {
+                ok = out.feed(more).await.is_ok();
+            }
+            ok && SinkExt::<Bytes>::flush(&mut out).await.is_ok()
+        };
+        // Cancel safety: the write is abandoned only when the connection is done anyway.
+        let written = tokio::select! {
+            ok = write => ok,
+            () = lost.cancelled() => false,
+        };
+        if !written {
             break;
         }
     }

@@ -74,10 +74,17 @@ async fn attempt(
         ending: job.ending.into(),
         info,
     };
-    if worker.0.channel.send(&request).await.is_err() {
-        return Err(ResponseError::Disconnected(
-            response_plane::Disconnect::Closed,
-        ));
+    // A worker that stops reading fills its queue: the send waits at most the establish
+    // timeout, as the answer would.
+    let after = state.config.establish_timeout;
+    match tokio::time::timeout(after, worker.0.channel.send(&request)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            return Err(ResponseError::Disconnected(
+                response_plane::Disconnect::Closed,
+            ));
+        }
+        Err(_) => return Err(ResponseError::ResponseTimeout { after }),
     }
     pending.established().await
 }
