@@ -252,3 +252,30 @@ async fn a_classic_stream_lost_before_the_frontend_took_it_is_announced_again() 
         "{r:?}"
     );
 }
+
+/// A worker that names its stream and at once resets its connection, before the frontend's
+/// ACCEPTED goes out: the worker went away, and the pending handle says so (retryable), not
+/// that this plane shut down (`Closed`, which a caller does not retry elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reset_right_after_naming_its_stream_is_a_disconnect_not_a_closed_plane() {
+    let frontend = FrontendPlane::bind(config(Duration::from_secs(10)), TaskTracker::new())
+        .await
+        .unwrap();
+    let (info, pending) = frontend
+        .register::<serde_json::Value>(RegisterOptions::default())
+        .unwrap();
+    let worker = hand_worker(&info).await;
+    socket2::SockRef::from(&worker)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(worker); // RST
+    let error = within("the pending handle's answer", pending.established())
+        .await
+        .err()
+        .expect("no stream: the worker is gone");
+    assert!(
+        matches!(error, ResponseError::Disconnected(_)),
+        "the worker went away, the plane is running: {error:?}"
+    );
+    assert!(error.is_retryable());
+}

@@ -203,6 +203,9 @@ async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
             // Taken: the worker may count its end delivered from now on, since the pending
             // handle reports whatever happens to the connection.
             if !send(&mut stream, ACCEPTED).await {
+                // The worker went away (not this plane): its request may go elsewhere.
+                let lost = ResponseError::Disconnected(crate::Disconnect::Closed);
+                let _ = tx.send(Arrival::Failed(lost));
                 return;
             }
             let incoming = Incoming {
