@@ -246,7 +246,7 @@ impl ResponsePlaneConfig {
     ///
     /// [`ConfigError`] naming the variable, its value and what is allowed.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|var| std::env::var(var).ok())
+        Self::from_lookup(crate::env::var)
     }
 
     /// Reads the configuration through `lookup` (the environment, or a map in tests).

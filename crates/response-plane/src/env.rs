@@ -9,6 +9,17 @@ use std::time::Duration;
 
 use crate::ConfigError;
 
+/// The process environment's value of `var`, if set. A value that is not UTF-8 comes back
+/// with U+FFFD in place of its bad bytes: set, and refused by any parser that checks it
+/// (naming the variable), where `std::env::var(var).ok()` would have read it as unset and
+/// let a default stand in silently.
+pub fn var(var: &str) -> Option<String> {
+    match std::env::var_os(var) {
+        None => None,
+        Some(value) => Some(value.to_string_lossy().into_owned()),
+    }
+}
+
 /// A source of settings by variable name.
 pub struct Env<F>(F);
 
@@ -20,7 +31,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
 
     /// The process environment.
     pub fn process() -> Env<fn(&str) -> Option<String>> {
-        Env(|var| std::env::var(var).ok())
+        Env(var)
     }
 
     /// The raw value of `var`, if set.

@@ -81,7 +81,7 @@ impl ServiceConfig {
     ///
     /// [`ConfigError`] naming the variable, its value and what is allowed.
     pub fn from_env(role: Role) -> Result<Self, ConfigError> {
-        Self::from_lookup(role, |var| std::env::var(var).ok())
+        Self::from_lookup(role, response_plane::env::var)
     }
 
     /// Reads the environment with `args` overriding it.
@@ -91,7 +91,7 @@ impl ServiceConfig {
     /// As [`from_env`](Self::from_env).
     pub fn from_args(role: Role, args: &ServiceArgs) -> Result<Self, ConfigError> {
         Self::from_lookup(role, |var| {
-            args.get(var).or_else(|| std::env::var(var).ok())
+            args.get(var).or_else(|| response_plane::env::var(var))
         })
     }
 

@@ -168,7 +168,7 @@ pub enum PlaneHost {
 /// [`ConfigError`] naming the variable, its value and what is allowed.
 pub fn service_config(role: Role, host: PlaneHost) -> Result<ServiceConfig, ConfigError> {
     ServiceConfig::from_lookup(role, |var| {
-        std::env::var(var).ok().or_else(|| match var {
+        response_plane::env::var(var).or_else(|| match var {
             ENV_PLANE => Some("velo".to_owned()),
             ENV_HOST if host == PlaneHost::Loopback => Some(Ipv4Addr::LOCALHOST.to_string()),
             _ => None,
@@ -183,7 +183,7 @@ pub fn service_config(role: Role, host: PlaneHost) -> Result<ServiceConfig, Conf
 /// [`DiscoveryConfigError`].
 pub fn discovery_config(args: &DiscoveryArgs) -> Result<DiscoveryConfig, DiscoveryConfigError> {
     DiscoveryConfig::from_lookup(
-        |v| std::env::var(v).ok(),
+        response_plane::env::var,
         Duration::from_millis(args.lease_ttl_ms),
     )
 }
