@@ -204,7 +204,7 @@ async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
             // handle reports whatever happens to the connection.
             if !send(&mut stream, ACCEPTED).await {
                 // The worker went away (not this plane): its request may go elsewhere.
-                let lost = ResponseError::Disconnected(crate::Disconnect::Closed);
+                let lost = ResponseError::Disconnected(Disconnect::Closed);
                 let _ = tx.send(Arrival::Failed(lost));
                 return;
             }
