@@ -14,10 +14,7 @@ use crate::ConfigError;
 /// (naming the variable), where `std::env::var(var).ok()` would have read it as unset and
 /// let a default stand in silently.
 pub fn var(var: &str) -> Option<String> {
-    match std::env::var_os(var) {
-        None => None,
-        Some(value) => Some(value.to_string_lossy().into_owned()),
-    }
+    std::env::var_os(var).map(|value| value.to_string_lossy().into_owned())
 }
 
 /// A source of settings by variable name.
