@@ -271,8 +271,7 @@ async fn a_worker_reset_right_after_naming_its_stream_is_a_disconnect_not_a_clos
     drop(worker); // RST
     let error = within("the pending handle's answer", pending.established())
         .await
-        .err()
-        .expect("no stream: the worker is gone");
+        .expect_err("no stream: the worker is gone");
     assert!(
         matches!(error, ResponseError::Disconnected(_)),
         "the worker went away, the plane is running: {error:?}"

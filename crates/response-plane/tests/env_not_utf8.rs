@@ -12,7 +12,7 @@ fn a_variable_that_is_not_utf8_stops_startup_instead_of_meaning_unset() {
     let process = response_plane::env::var("DYN_RESPONSE_PLANE");
     // SAFETY: as above.
     unsafe { std::env::remove_var("DYN_RESPONSE_PLANE") };
-    let error = read.err().expect("a bad value stops startup");
+    let error = read.expect_err("a bad value stops startup");
     assert!(
         error.to_string().contains("DYN_RESPONSE_PLANE"),
         "the error names the variable: {error}"
