@@ -32,6 +32,9 @@ pub const CLIENT_BUFFER_EVENTS: usize = 1024;
 struct Progress {
     started: Instant,
     last: Option<Instant>,
+    /// The tokens the request asked for at most: a worker that sends more is broken, and is
+    /// cut off (a unary answer collects its text: this bounds it).
+    limit: u32,
     tokens: u32,
     usage: Option<CompletionUsage>,
     finish: Option<&'static str>,
@@ -39,10 +42,11 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(started: Instant) -> Self {
+    fn new(started: Instant, limit: u32) -> Self {
         Self {
             started,
             last: None,
+            limit,
             tokens: 0,
             usage: None,
             finish: None,
@@ -77,6 +81,15 @@ impl Progress {
         self.last = Some(now);
         let n = u32::try_from(out.token_ids.len()).unwrap_or(u32::MAX);
         self.tokens = self.tokens.saturating_add(n);
+        if self.tokens > self.limit {
+            return Err(ApiError::internal(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "the worker sent {} tokens for a request of at most {}",
+                    self.tokens, self.limit
+                ),
+            ));
+        }
         m.output_tokens.fetch_add(u64::from(n), Ordering::Relaxed);
         self.finish = out.finish_reason.as_ref().and_then(FinishReason::openai);
         if out.completion_usage.is_some() {
@@ -157,7 +170,7 @@ async fn pump(
 ) {
     let Dispatched { mut stream, worker } = dispatched;
     let m = &state.metrics;
-    let mut progress = Progress::new(account.started);
+    let mut progress = Progress::new(account.started, job.output_tokens);
     let end = loop {
         // Cancel safety: `next` on the stream loses no item when another branch wins (the
         // stream keeps it); the others only wait.
@@ -302,7 +315,7 @@ pub async fn unary(
         worker: _worker,
     } = dispatched;
     let m = &state.metrics;
-    let mut progress = Progress::new(account.started);
+    let mut progress = Progress::new(account.started, job.output_tokens);
     let mut text = String::new();
     let result = loop {
         match stream.next().await {
@@ -338,5 +351,42 @@ pub async fn unary(
             account.outcome = Outcome::of_status(e.status.as_u16());
             e.into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{LLMEngineOutput, OutputType};
+
+    fn token(text: &str) -> StreamItem {
+        StreamItem::output(LLMEngineOutput {
+            token_ids: vec![7],
+            tokens: None,
+            text: Some(text.to_owned()),
+            output_type: OutputType::Text,
+            cum_log_probs: None,
+            log_probs: None,
+            top_logprobs: None,
+            finish_reason: None,
+            index: None,
+            completion_usage: None,
+        })
+    }
+
+    #[test]
+    fn a_worker_that_sends_more_tokens_than_asked_for_is_cut_off() {
+        let metrics = FrontendMetrics::new("m");
+        let mut progress = Progress::new(Instant::now(), 3);
+        for _ in 0..3 {
+            assert_eq!(
+                progress.take(token("ab"), &metrics).unwrap().as_deref(),
+                Some("ab")
+            );
+        }
+        let error = progress
+            .take(token("ab"), &metrics)
+            .expect_err("a fourth token of three");
+        assert_eq!(error.status, StatusCode::BAD_GATEWAY);
     }
 }
