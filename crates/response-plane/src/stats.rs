@@ -86,6 +86,9 @@ plane_counters! {
     /// Frontend, classic plane: connections closed unread because the handshake budget (of
     /// connections that have not named their stream yet, per source and in all) was spent.
     classic_handshakes_refused,
+    /// Frontend, classic plane: connections dropped before naming their stream to make room,
+    /// the handshake budget being full, for one from a source holding fewer places.
+    classic_handshakes_evicted,
     /// Worker, classic plane: streams the frontend asked to stop or killed, each once.
     classic_cancellations,
     /// Streams that ended with an error after they were set up (cancellations aside).

@@ -217,11 +217,18 @@ impl AcceptLoop {
             lanes: lanes.clone(),
         };
         let stop = self.accepting.stop.clone();
+        let (evicted, counters) = (ticket.eviction(), self.accepting.counters.clone());
         self.tracker.spawn(async move {
             // Cancel safety: dropping a handshake drops its lane, which the peer sees end.
+            // Eviction only happens before the handshake completes (the ticket is given
+            // back then, and nothing cancels its token after).
             tokio::select! {
                 () = run.run(lane, ticket) => {}
                 () = stop.cancelled() => {}
+                () = evicted.cancelled() => {
+                    counters.handshakes_evicted.inc();
+                    tracing::debug!("handshake dropped: its place went to a lighter source");
+                }
             }
         });
     }

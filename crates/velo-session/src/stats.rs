@@ -54,6 +54,9 @@ handshake_counters! {
     /// Connections refused because too many handshakes were in progress, from their source
     /// address or in total (frontend).
     handshakes_refused,
+    /// Connections dropped during their handshake to make room, the budget being full, for a
+    /// connection from a source holding fewer handshakes (frontend).
+    handshakes_evicted,
     /// Connections whose transport handshake (TLS) did not complete in time (frontend).
     establish_timeouts,
     /// Connections whose transport handshake (TLS) failed: a refused certificate, a plaintext

@@ -116,10 +116,15 @@ impl ClassicFrontend {
                     continue;
                 };
                 let (accept, s2) = (accept.clone(), s.clone());
+                let (evicted, counters) = (place.eviction(), accept.counters.clone());
                 t.spawn(async move {
+                    // Its place goes to a lighter source only before the stream is named.
                     tokio::select! {
                         () = handshake(stream, accept, place) => {}
                         () = s2.cancelled() => {}
+                        () = evicted.cancelled() => {
+                            counters.classic_handshakes_evicted.inc();
+                        }
                     }
                 });
             }

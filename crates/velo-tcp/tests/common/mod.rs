@@ -78,27 +78,30 @@ pub fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-/// Established TCP connections whose local or remote port is `port`, from the kernel's table.
-pub fn established_connections(port: u16) -> usize {
-    let mut n = 0;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
+/// Established TCP connections whose local address is `listener` (an IPv4 listener's), from
+/// the kernel's table: the listener's side of each. The address, not only the port: a socket
+/// bound to another loopback address may have the same port number.
+pub fn established_connections(listener: SocketAddr) -> usize {
+    let SocketAddr::V4(v4) = listener else {
+        return 0;
+    };
+    // The kernel writes an IPv4 address as the hex of its bytes in host (little-endian) order.
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return 0;
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let port_of = |a: &str| {
-                a.rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-            };
-            // Only the frontend's side of each connection: local port == listener port.
-            if f.len() > 3 && f[3] == "01" && port_of(f[1]) == Some(port) {
-                n += 1;
-            }
-        }
-    }
-    n
+            f.len() > 3 && f[3] == "01" && f[1].eq_ignore_ascii_case(&local)
+        })
+        .count()
 }
 
 /// TCP with TLS on every lane (a throwaway PKI per story): the whole contract again, with
