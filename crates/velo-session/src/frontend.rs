@@ -214,18 +214,7 @@ impl FrontendEndpoint {
             .get(&worker.instance_id)
             .cloned();
         if let Some(peer) = existing.filter(|p| !p.inner.done.is_cancelled()) {
-            let lanes = peer.lock().mux.config().lanes();
-            if worker.lane_count != lanes {
-                return Err(AttachError::LaneCount {
-                    index: worker.lane_index,
-                    count: worker.lane_count,
-                    expected: lanes,
-                });
-            }
-            if peer.lane_state(LaneId(worker.lane_index)) != LaneState::Down {
-                return Err(AttachError::LaneInUse(worker.lane_index));
-            }
-            check_instance(&peer, worker)?;
+            check_joinable(&peer, worker)?;
         }
         let mut reply = self.inner.settings.mux.hello(
             worker.lane_index,
@@ -250,19 +239,8 @@ impl FrontendEndpoint {
         let mut io = io;
         for _ in 0..ATTACH_ATTEMPTS {
             let peer = self.connection_of(worker);
-            let lanes = peer.lock().mux.config().lanes();
-            if worker.lane_count != lanes {
-                return Err(AttachError::LaneCount {
-                    index: worker.lane_index,
-                    count: worker.lane_count,
-                    expected: lanes,
-                });
-            }
-            check_instance(&peer, worker)?;
+            check_joinable(&peer, worker)?;
             let lane = LaneId(worker.lane_index);
-            if peer.lane_state(lane) != LaneState::Down {
-                return Err(AttachError::LaneInUse(worker.lane_index));
-            }
             let read_buffer = self.inner.settings.read_buffer;
             match peer.start_lane(lane, worker, io, &self.inner.tracker, read_buffer) {
                 Ok(()) => {
@@ -359,6 +337,23 @@ impl FrontendEndpoint {
 }
 
 /// Every lane of a connection announces the same worker instance.
+/// Whether the lane `worker`'s HELLO announces may join `peer`: the same lane count, a lane
+/// not taken yet, the same worker instance.
+fn check_joinable(peer: &Peer, worker: &Hello) -> Result<(), AttachError> {
+    let lanes = peer.lock().mux.config().lanes();
+    if worker.lane_count != lanes {
+        return Err(AttachError::LaneCount {
+            index: worker.lane_index,
+            count: worker.lane_count,
+            expected: lanes,
+        });
+    }
+    if peer.lane_state(LaneId(worker.lane_index)) != LaneState::Down {
+        return Err(AttachError::LaneInUse(worker.lane_index));
+    }
+    check_instance(peer, worker)
+}
+
 fn check_instance(peer: &Peer, worker: &Hello) -> Result<(), AttachError> {
     if peer.worker_instance() != worker.worker_instance {
         return Err(AttachError::WorkerInstance {
