@@ -28,6 +28,11 @@ use crate::wire::{CompletionUsage, FinishReason, StreamItem};
 /// stream is killed.
 pub const CLIENT_BUFFER_EVENTS: usize = 1024;
 
+/// Bytes of text a worker may send per token it generated, over a whole answer: ten times
+/// the longest token of common vocabularies. More is a broken worker, cut off (a unary answer
+/// collects its text: with [`Progress`]'s token limit this bounds it in bytes).
+pub const MAX_TEXT_BYTES_PER_TOKEN: usize = 1024;
+
 /// What one request has seen so far.
 struct Progress {
     started: Instant,
@@ -36,6 +41,8 @@ struct Progress {
     /// cut off (a unary answer collects its text: this bounds it).
     limit: u32,
     tokens: u32,
+    /// Text received so far, in bytes.
+    text_bytes: usize,
     usage: Option<CompletionUsage>,
     finish: Option<&'static str>,
     complete: bool,
@@ -48,6 +55,7 @@ impl Progress {
             last: None,
             limit,
             tokens: 0,
+            text_bytes: 0,
             usage: None,
             finish: None,
             complete: false,
@@ -95,7 +103,21 @@ impl Progress {
         if out.completion_usage.is_some() {
             self.usage = out.completion_usage;
         }
-        Ok(Some(out.text.unwrap_or_default()))
+        let text = out.text.unwrap_or_default();
+        self.text_bytes = self.text_bytes.saturating_add(text.len());
+        let allowed = usize::try_from(self.tokens.max(1))
+            .unwrap_or(usize::MAX)
+            .saturating_mul(MAX_TEXT_BYTES_PER_TOKEN);
+        if self.text_bytes > allowed {
+            return Err(ApiError::internal(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "the worker sent {} bytes of text for {} tokens (at most {MAX_TEXT_BYTES_PER_TOKEN} per token)",
+                    self.text_bytes, self.tokens
+                ),
+            ));
+        }
+        Ok(Some(text))
     }
 
     fn usage(&self, job: &Job) -> CompletionUsage {
@@ -388,5 +410,22 @@ mod tests {
             .take(token("ab"), &metrics)
             .expect_err("a fourth token of three");
         assert_eq!(error.status, StatusCode::BAD_GATEWAY);
+    }
+
+    #[test]
+    fn a_worker_that_sends_megabytes_of_text_per_token_is_cut_off() {
+        let metrics = FrontendMetrics::new("m");
+        let mut progress = Progress::new(Instant::now(), 100);
+        let long = "x".repeat(MAX_TEXT_BYTES_PER_TOKEN);
+        assert!(
+            progress.take(token(&long), &metrics).is_ok(),
+            "a long token"
+        );
+        let more = progress.take(token(&"x".repeat(3 * MAX_TEXT_BYTES_PER_TOKEN)), &metrics);
+        assert!(
+            matches!(&more, Err(e) if e.status == StatusCode::BAD_GATEWAY),
+            "3 KiB more for one more token is refused: {:?}",
+            more.map(|t| t.map(|t| t.len()))
+        );
     }
 }
