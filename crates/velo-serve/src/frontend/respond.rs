@@ -30,7 +30,7 @@ pub const CLIENT_BUFFER_EVENTS: usize = 1024;
 
 /// Bytes of text a worker may send per token it generated, over a whole answer: ten times
 /// the longest token of common vocabularies. More is a broken worker, cut off (a unary answer
-/// collects its text: with [`Progress`]'s token limit this bounds it in bytes).
+/// collects its text: with the request's token limit this bounds it in bytes).
 pub const MAX_TEXT_BYTES_PER_TOKEN: usize = 1024;
 
 /// What one request has seen so far.
