@@ -243,3 +243,46 @@ fn on_message(
         }
     }
 }
+
+#[cfg(test)]
+mod late_events {
+    use super::*;
+
+    /// A rendezvous receive of lane A fails after A is gone (its endpoint failed, or both halves
+    /// were released: the force close cancels the receive), and a new lane B took A's slot
+    /// meanwhile. The stale failure must not end B.
+    #[tokio::test]
+    async fn a_stale_failed_receive_leaves_the_lane_that_reuses_its_slot_alone() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (mut d, _, _) = Driver::new(
+            &UcxConfig::loopback(),
+            None,
+            rx,
+            tx.downgrade(),
+            Arc::new(Counters::default()),
+        )
+        .expect("a UCX worker");
+        // Nothing listens there; a failure to connect would only come as a later event.
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let ep_a = d.worker.connect(addr).unwrap();
+        let lane_a = d.add_lane(ep_a).unwrap();
+        let a = lane_a.key();
+        // A has a rendezvous payload on its way.
+        d.receives.insert(7, (a, 0));
+        d.remove(a, Some(End::Failed("UCX endpoint failed".into())));
+        // The status UCX reports for an operation on a closed endpoint.
+        let status = d.worker.flush(ep_a, 0).expect_err("the endpoint is closed");
+        // A new lane (an accepted or dialed one) takes the free slot.
+        let ep_b = d.worker.connect(addr).unwrap();
+        let lane_b = d.add_lane(ep_b).unwrap();
+        let b = lane_b.key();
+        assert_eq!(b.index, a.index, "the slot is reused");
+        // A's cancelled receive completes now.
+        d.on_done(Done::Recv(7, status, Vec::new()));
+        assert!(
+            d.entry(b).is_some(),
+            "lane B was ended by lane A's stale rendezvous failure"
+        );
+        drop((lane_a, lane_b));
+    }
+}

@@ -86,6 +86,10 @@ impl Driver {
             }
             worked |= self.worker.progress();
             worked |= self.after_progress();
+            // Due closes expire whether or not the pass found work.
+            if self.next_deadline().is_some_and(|t| t <= Instant::now()) {
+                self.expire_closes();
+            }
             if self.shutting_down && self.live_lanes() == 0 {
                 return;
             }
@@ -213,6 +217,10 @@ impl Driver {
         let Some(mut e) = self
             .lanes
             .get_mut(key.index as usize)
+            .filter(|slot| {
+                slot.as_ref()
+                    .is_some_and(|e| e.generation == key.generation)
+            })
             .and_then(Option::take)
         else {
             return;
@@ -361,5 +369,72 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod busy_close {
+    use super::*;
+
+    /// A closing lane whose flush never completes (a peer that stopped progressing) must be
+    /// force-closed at its deadline even while other lanes keep the driver busy: the close
+    /// deadline is the bound on `poll_close` (and so on a lane's and a frontend's shutdown).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_close_past_its_deadline_expires_while_the_driver_is_busy() {
+        // A peer that listens and never progresses: the connection and the flush never complete.
+        let mut peer = Worker::new(
+            sys::Settings {
+                tls: Some("tcp"),
+                net_devices: Some("lo"),
+            },
+            AM_ID,
+        )
+        .expect("a UCX worker");
+        let port = peer.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (mut d, _, _) = Driver::new(
+            &UcxConfig::loopback(),
+            None,
+            rx,
+            tx.downgrade(),
+            Arc::new(Counters::default()),
+        )
+        .expect("a UCX worker");
+        let ep = d
+            .worker
+            .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+            .unwrap();
+        let lane = d.add_lane(ep).unwrap();
+        let key = lane.key();
+        let (done, mut closed) = oneshot::channel();
+        d.close(key, done);
+        let c = d
+            .entry(key)
+            .and_then(|e| e.closing.as_mut())
+            .expect("the flush is pending");
+        // Already due: no time has to pass.
+        c.deadline = Instant::now() - std::time::Duration::from_secs(1);
+        let driver = tokio::spawn(d.run());
+        // Other work every pass (any command is work; a release of an unknown lane is a no-op).
+        let other = LaneKey {
+            index: 9_999,
+            generation: 1,
+        };
+        let mut turns = 0;
+        while turns < 50 && closed.try_recv().is_err() {
+            for _ in 0..100_000 {
+                tx.send(Command::Release { lane: other }).unwrap();
+            }
+            tokio::task::yield_now().await;
+            turns += 1;
+        }
+        let expired = closed.try_recv().is_ok() || turns < 50;
+        tx.send(Command::Abort).unwrap();
+        driver.await.unwrap();
+        drop((lane, peer));
+        assert!(
+            expired,
+            "a close past its deadline was not expired in {turns} busy driver turns"
+        );
     }
 }
