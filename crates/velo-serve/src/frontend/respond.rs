@@ -332,15 +332,20 @@ pub async fn unary(
     dispatched: Dispatched,
     mut account: Accounting,
 ) -> Response {
-    let Dispatched {
-        mut stream,
-        worker: _worker,
-    } = dispatched;
+    let Dispatched { mut stream, worker } = dispatched;
     let m = &state.metrics;
     let mut progress = Progress::new(account.started, job.output_tokens);
     let mut text = String::new();
     let result = loop {
-        match stream.next().await {
+        let next = tokio::select! {
+            biased;
+            () = worker.0.gone.cancelled() => {
+                stream.kill();
+                break Err(ApiError::internal(StatusCode::BAD_GATEWAY, "the worker left discovery and did not finish in time"));
+            }
+            next = stream.next() => next,
+        };
+        match next {
             None if progress.complete => break Ok(()),
             None => {
                 break Err(ApiError::internal(
