@@ -122,7 +122,7 @@ impl Count {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }

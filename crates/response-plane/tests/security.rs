@@ -488,3 +488,190 @@ async fn a_worker_verifies_the_frontend_under_the_configured_server_name() {
     assert!(err.to_string().contains("certificate"), "{err}");
     frontend.shutdown().await;
 }
+
+/// A relay to `to` that cuts the first connection it takes before anything reaches `to` (a
+/// middlebox resetting one flow; after a TLS handshake with `tls` when set, as the frontend
+/// would make it) and passes every later one through, bytes untouched.
+async fn cut_first_connection_to(
+    to: std::net::SocketAddr,
+    tls: Option<velo_tls::ServerTls>,
+) -> std::net::SocketAddr {
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = relay.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut conn, _)) = relay.accept().await {
+            if std::mem::take(&mut first) {
+                if let Some(tls) = &tls {
+                    drop(tls.acceptor().accept(conn).await);
+                }
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut up) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                }
+            });
+        }
+    });
+    at
+}
+
+/// `info` with its frontend address replaced by `addr`.
+fn via(info: &ConnectionInfo, addr: std::net::SocketAddr) -> ConnectionInfo {
+    let mut address: serde_json::Value = serde_json::from_str(&info.info).unwrap();
+    address["addr"] = addr.to_string().into();
+    ConnectionInfo {
+        transport: info.transport.clone(),
+        info: address.to_string(),
+    }
+}
+
+/// A classic stream tied to worker 7, whose first connection is cut before the frontend took
+/// it: worker 7 announces the loss on a new connection, which the frontend must accept as
+/// the stream's (same TLS, same worker instance), so the pending request ends `Abandoned`
+/// (retryable) instead of waiting for its establish timeout (none here: it would wait for
+/// ever).
+async fn a_lost_classic_stream_is_announced_as_it_was_dialled(
+    env: &[(&str, String)],
+    tls: Option<velo_tls::ServerTls>,
+) {
+    let base = config(env).unwrap();
+    let tracker = TaskTracker::new();
+    let frontend = FrontendPlane::bind(base.clone(), tracker.clone())
+        .await
+        .unwrap();
+    let worker = base.to_builder().worker_instance(Some(7)).build().unwrap();
+    let worker = WorkerPlane::new(worker, tracker.clone()).unwrap();
+    let opts = RegisterOptions {
+        establish_timeout: None,
+        ..RegisterOptions::default()
+    };
+    let (info, pending) = frontend.register::<String>(opts).unwrap();
+    pending.associate(7).unwrap();
+    let info = via(
+        &info,
+        cut_first_connection_to(frontend.address(), tls).await,
+    );
+    // The connect (TLS handshake included) or the prologue fails on the cut connection, or
+    // the prologue goes into the dying socket; either way the engine drops the stream.
+    if let Ok(Ok(mut s)) = tokio::time::timeout(BOUND, worker.connect::<String>(&info)).await {
+        let _ = s.send_prologue(Ok(())).await;
+    }
+    let r = tokio::time::timeout(BOUND, pending.established())
+        .await
+        .expect("the loss is announced, the request does not wait for ever");
+    assert!(
+        matches!(
+            r,
+            Err(ResponseError::Disconnected(
+                response_plane::Disconnect::Abandoned
+            ))
+        ),
+        "{r:?}"
+    );
+    assert_eq!(frontend.stats().arrivals_wrong_worker, 0);
+    frontend.shutdown().await;
+    worker.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_classic_stream_tied_to_its_worker_is_announced_as_that_worker() {
+    let env = [("DYN_RESPONSE_PLANE", "tcp".into())];
+    a_lost_classic_stream_is_announced_as_it_was_dialled(&env, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_classic_stream_at_a_tls_frontend_is_announced_over_tls() {
+    let pki = TestPki::new();
+    let middlebox =
+        velo_tls::ServerTls::new(pki.path("server.pem"), pki.path("server.key"), None, BOUND)
+            .unwrap();
+    a_lost_classic_stream_is_announced_as_it_was_dialled(&mtls_env(&pki, "tcp"), Some(middlebox))
+        .await;
+}
+
+/// Classic plane over mutual TLS with a liveness bound far beyond every wait here: nothing in
+/// these stories may rest on it.
+async fn classic_tls_pair(pki: &TestPki) -> (FrontendPlane, WorkerPlane, TaskTracker) {
+    let base = config(&mtls_env(pki, "tcp")).unwrap();
+    let base = base
+        .to_builder()
+        .idle_timeout(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let frontend = FrontendPlane::bind(base.clone(), TaskTracker::new())
+        .await
+        .unwrap();
+    let tracker = TaskTracker::new();
+    let worker = WorkerPlane::new(base, tracker.clone()).unwrap();
+    (frontend, worker, tracker)
+}
+
+/// Over TLS, as in plaintext, the frontend closes its sending side once a stream ended
+/// cleanly (a close_notify and a FIN), though the application still holds the stream: the
+/// worker's watch of the stream ends then (its engine's context reads the stream as over),
+/// not a liveness bound later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_classic_tls_stream_releases_the_workers_watcher_at_once() {
+    let pki = TestPki::new();
+    let (frontend, worker, _tracker) = classic_tls_pair(&pki).await;
+    let (info, pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = tokio::time::timeout(BOUND, worker.connect::<String>(&info))
+        .await
+        .unwrap()
+        .unwrap();
+    let ctx = tx.context();
+    tx.send_prologue(Ok(())).await.unwrap();
+    tx.send(&"one".to_owned()).await.unwrap();
+    tokio::time::timeout(BOUND, tx.finish())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rx = tokio::time::timeout(BOUND, pending.established())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rx.next().await, Some(Ok("one".to_owned())));
+    assert_eq!(rx.next().await, None);
+    tokio::time::timeout(BOUND, ctx.killed())
+        .await
+        .expect("the worker's watch ends though the application keeps its stream");
+    drop(rx);
+    frontend.shutdown().await;
+    worker.close();
+}
+
+/// Over TLS, as in plaintext, a worker that drops its stream mid-way closes its sending
+/// side: the frontend learns at once that the stream is lost, not a liveness bound later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_tls_stream_dropped_by_its_worker_ends_at_the_frontend_at_once() {
+    let pki = TestPki::new();
+    let (frontend, worker, _tracker) = classic_tls_pair(&pki).await;
+    let (info, pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = tokio::time::timeout(BOUND, worker.connect::<String>(&info))
+        .await
+        .unwrap()
+        .unwrap();
+    tx.send_prologue(Ok(())).await.unwrap();
+    tx.send(&"one".to_owned()).await.unwrap();
+    let mut rx = tokio::time::timeout(BOUND, pending.established())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rx.next().await, Some(Ok("one".to_owned())));
+    drop(tx);
+    let end = tokio::time::timeout(BOUND, rx.next())
+        .await
+        .expect("the frontend learns the stream is gone");
+    assert!(
+        matches!(end, Some(Err(ResponseError::Disconnected(_)))),
+        "{end:?}"
+    );
+    frontend.shutdown().await;
+    worker.close();
+}

@@ -28,11 +28,18 @@ pub(crate) enum ConnRead {
     },
 }
 
-/// Its sending half. The TLS half sits behind a lock only so a best-effort control write
-/// can go out from `&self`, as `OwnedWriteHalf::try_write` does for plaintext.
+/// Its sending half. Dropping it closes the connection's sending side, TLS or not (a
+/// plaintext half's drop is a FIN; a TLS half's a close_notify, then a FIN), so the peer sees
+/// the end at once though the receiving half lives on.
 pub(crate) enum ConnWrite {
     Plain(OwnedWriteHalf),
-    Tls(Mutex<WriteHalf<TlsStream<TcpStream>>>),
+    Tls {
+        /// Behind a lock only so a best-effort control write can go out from `&self`, as
+        /// `OwnedWriteHalf::try_write` does for plaintext.
+        half: Mutex<WriteHalf<TlsStream<TcpStream>>>,
+        /// The socket, to shut its sending side down when the half is dropped.
+        socket: socket2::Socket,
+    },
 }
 
 impl Conn {
@@ -48,12 +55,14 @@ impl Conn {
                 Ok((ConnRead::Plain(r), ConnWrite::Plain(w)))
             }
             Self::Tls(s) => {
-                let socket = socket2::SockRef::from(s.get_ref().0).try_clone()?;
+                let tcp = socket2::SockRef::from(s.get_ref().0);
+                let (socket, write_socket) = (tcp.try_clone()?, tcp.try_clone()?);
                 let (half, w) = tokio::io::split(*s);
-                Ok((
-                    ConnRead::Tls { half, socket },
-                    ConnWrite::Tls(Mutex::new(w)),
-                ))
+                let write = ConnWrite::Tls {
+                    half: Mutex::new(w),
+                    socket: write_socket,
+                };
+                Ok((ConnRead::Tls { half, socket }, write))
             }
         }
     }
@@ -80,8 +89,8 @@ impl ConnWrite {
             Self::Plain(w) => {
                 let _ = w.try_write(bytes);
             }
-            Self::Tls(w) => {
-                let mut w = w.lock().unwrap_or_else(PoisonError::into_inner);
+            Self::Tls { half, .. } => {
+                let mut w = half.lock().unwrap_or_else(PoisonError::into_inner);
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 let _ = Pin::new(&mut *w).poll_write(&mut cx, bytes);
                 let _ = Pin::new(&mut *w).poll_flush(&mut cx);
@@ -94,7 +103,27 @@ impl ConnWrite {
     pub(crate) fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Self::Plain(w) => Some(w.as_ref()),
-            Self::Tls(_) => None,
+            Self::Tls { .. } => None,
+        }
+    }
+}
+
+impl Drop for ConnWrite {
+    /// A TLS half: the close_notify if the socket takes it at once (nothing waits), then the
+    /// FIN either way. The TLS stream is shared with the receiving half, which keeps the
+    /// socket open: without this the peer would see nothing until that half is dropped too.
+    /// (A plaintext half sends its FIN itself.)
+    fn drop(&mut self) {
+        let Self::Tls { half, socket } = self else {
+            return;
+        };
+        let w = half.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let _ = Pin::new(w).poll_shutdown(&mut cx);
+        if let Err(e) = socket.shutdown(std::net::Shutdown::Write)
+            && e.kind() != io::ErrorKind::NotConnected
+        {
+            tracing::debug!(error = %e, "closing a classic TLS connection's sending side failed");
         }
     }
 }
@@ -160,8 +189,8 @@ impl AsyncWrite for ConnWrite {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(w) => Pin::new(w).poll_write(cx, buf),
-            Self::Tls(w) => {
-                let w = w.get_mut().unwrap_or_else(PoisonError::into_inner);
+            Self::Tls { half, .. } => {
+                let w = half.get_mut().unwrap_or_else(PoisonError::into_inner);
                 Pin::new(w).poll_write(cx, buf)
             }
         }
@@ -170,8 +199,8 @@ impl AsyncWrite for ConnWrite {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(w) => Pin::new(w).poll_flush(cx),
-            Self::Tls(w) => {
-                let w = w.get_mut().unwrap_or_else(PoisonError::into_inner);
+            Self::Tls { half, .. } => {
+                let w = half.get_mut().unwrap_or_else(PoisonError::into_inner);
                 Pin::new(w).poll_flush(cx)
             }
         }
@@ -180,8 +209,8 @@ impl AsyncWrite for ConnWrite {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(w) => Pin::new(w).poll_shutdown(cx),
-            Self::Tls(w) => {
-                let w = w.get_mut().unwrap_or_else(PoisonError::into_inner);
+            Self::Tls { half, .. } => {
+                let w = half.get_mut().unwrap_or_else(PoisonError::into_inner);
                 Pin::new(w).poll_shutdown(cx)
             }
         }

@@ -49,6 +49,8 @@ pub(crate) struct ClassicControl {
     last_write_ms: AtomicU64,
     /// The frontend refused the connection for a TLS mismatch (it requires TLS).
     mismatch: OnceLock<TlsMismatch>,
+    /// The connection ended or failed without the frontend ending the stream: why.
+    lost: OnceLock<Cause>,
 }
 
 impl ClassicControl {
@@ -120,6 +122,13 @@ impl ClassicControl {
         self.end();
     }
 
+    /// The connection ended or failed (`cause`) without a word from the frontend: the stream
+    /// is over for the engine, as after a kill, but nobody cancelled its work.
+    fn lose(&self, cause: Cause) {
+        let _ = self.lost.set(cause);
+        self.end();
+    }
+
     fn raise(&self, to: u8, cancellations: &Count) {
         let before = self.state.fetch_max(to, Ordering::AcqRel);
         if before < to {
@@ -131,9 +140,9 @@ impl ClassicControl {
     }
 }
 
-/// What every classic stream of one worker plane shares: how to dial, where the watchers
-/// run, and the signal that ends them all.
-pub(crate) struct ClassicDialer {
+/// How a classic worker dials its frontends: every connection of one worker plane, a
+/// stream's or the announcement of its loss, is made the same way.
+struct Dial {
     /// Largest message, in bytes.
     max: u32,
     /// The liveness bound of each connection (the plane's `idle_timeout`), also how long a
@@ -143,6 +152,41 @@ pub(crate) struct ClassicDialer {
     worker_instance: Option<u64>,
     /// TLS on every connection, when set.
     tls: Option<Arc<velo_tls::ClientTls>>,
+}
+
+impl Dial {
+    /// A connection to `addr`'s frontend: connected, its liveness bounded, secured when the
+    /// plane has TLS; not yet named.
+    async fn open(&self, addr: std::net::SocketAddr) -> Result<Conn, ResponseError> {
+        let unreachable = |cause| ResponseError::Unreachable { addr, cause };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| unreachable(Cause::timeout(CONNECT_TIMEOUT)))?
+            .map_err(|e| unreachable(Cause::io(e)))?;
+        let io = |e| unreachable(Cause::io(e));
+        stream.set_nodelay(true).map_err(io)?;
+        set_liveness(&stream, self.liveness).map_err(io)?;
+        match &self.tls {
+            None => Ok(Conn::Plain(stream)),
+            Some(tls) => secure(stream, addr, tls).await.map_err(unreachable),
+        }
+    }
+
+    /// The handshake naming the stream at `address`, and this worker.
+    fn handshake(&self, address: &StreamAddress) -> Result<String, ResponseError> {
+        let mut handshake =
+            serde_json::json!({ "stream": address.ticket, "token": hex_token(&address.token()?) });
+        if let Some(worker) = self.worker_instance {
+            handshake["worker"] = worker.into();
+        }
+        Ok(handshake.to_string())
+    }
+}
+
+/// What every classic stream of one worker plane shares: how to dial, where the watchers
+/// run, and the signal that ends them all.
+pub(crate) struct ClassicDialer {
+    dial: Arc<Dial>,
     /// Where the watcher tasks run.
     tracker: TaskTracker,
     /// The plane's counters (frontend cancellations of streams still running).
@@ -160,11 +204,14 @@ impl ClassicDialer {
         counters: Arc<PlaneCounters>,
         tracker: TaskTracker,
     ) -> Self {
-        Self {
+        let dial = Dial {
             max,
             liveness,
             worker_instance,
             tls,
+        };
+        Self {
+            dial: Arc::new(dial),
             tracker,
             counters,
             stop: CancellationToken::new(),
@@ -185,27 +232,12 @@ impl ClassicDialer {
         if self.stop.is_cancelled() {
             return Err(ResponseError::Closed);
         }
-        let unreachable = |cause| ResponseError::Unreachable {
+        let handshake = self.dial.handshake(addr)?;
+        let conn = self.dial.open(addr.addr).await?;
+        let (read, write) = conn.into_split().map_err(|e| ResponseError::Unreachable {
             addr: addr.addr,
-            cause,
-        };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr.addr))
-            .await
-            .map_err(|_| unreachable(Cause::timeout(CONNECT_TIMEOUT)))?
-            .map_err(|e| unreachable(Cause::io(e)))?;
-        let unreachable = |e| unreachable(Cause::io(e));
-        stream.set_nodelay(true).map_err(unreachable)?;
-        set_liveness(&stream, self.liveness).map_err(unreachable)?;
-        let stream = match &self.tls {
-            None => Conn::Plain(stream),
-            Some(tls) => secure(stream, addr.addr, tls).await.map_err(|cause| {
-                ResponseError::Unreachable {
-                    addr: addr.addr,
-                    cause,
-                }
-            })?,
-        };
-        let (read, write) = stream.into_split().map_err(unreachable)?;
+            cause: Cause::io(e),
+        })?;
         let control = Arc::new(ClassicControl::default());
         let write = Arc::new(Mutex::new(write));
         let epoch = Instant::now();
@@ -213,7 +245,7 @@ impl ClassicDialer {
             control: control.clone(),
             counters: self.counters.clone(),
             stop: self.stop.child_token(),
-            linger: self.liveness,
+            dial: self.dial.clone(),
             write: Arc::downgrade(&write),
             epoch,
             address: addr.clone(),
@@ -224,17 +256,11 @@ impl ClassicDialer {
             addr: addr.addr,
             control,
             out: Vec::with_capacity(256),
-            max: self.max,
-            liveness: self.liveness,
+            max: self.dial.max,
+            liveness: self.dial.liveness,
             epoch,
         };
-        let mut handshake =
-            serde_json::json!({ "stream": addr.ticket, "token": hex_token(&addr.token()?) });
-        if let Some(worker) = self.worker_instance {
-            handshake["worker"] = worker.into();
-        }
-        w.send_message(HANDSHAKE, handshake.to_string().as_bytes())
-            .await?;
+        w.send_message(HANDSHAKE, handshake.as_bytes()).await?;
         Ok(w)
     }
 }
@@ -271,13 +297,17 @@ impl ClassicWriter {
         self.send_message(DATA, item).await
     }
 
-    /// Why the frontend ended this stream: a kill, or a refusal of the connection.
+    /// Why this stream ended before its writer did: the frontend refused the connection,
+    /// the connection was lost, or the frontend killed the stream.
     fn killed(&self) -> ResponseError {
-        match self.control.mismatch.get() {
-            Some(m) => ResponseError::Unreachable {
+        if let Some(m) = self.control.mismatch.get() {
+            return ResponseError::Unreachable {
                 addr: self.addr,
                 cause: Cause::tls_mismatch(*m),
-            },
+            };
+        }
+        match self.control.lost.get() {
+            Some(cause) => ResponseError::lost(cause.clone()),
             None => ResponseError::Cancelled { graceful: false },
         }
     }
@@ -301,7 +331,11 @@ impl ClassicWriter {
             .map_err(|e| ResponseError::lost(Cause::io(e)))?;
         match tokio::time::timeout(self.liveness, self.control.answered()).await {
             Ok(true) => Ok(()),
-            Ok(false) if self.control.mismatch.get().is_some() => Err(self.killed()),
+            Ok(false)
+                if self.control.mismatch.get().is_some() || self.control.lost.get().is_some() =>
+            {
+                Err(self.killed())
+            }
             Ok(false) => Err(ResponseError::Disconnected(Disconnect::Closed)),
             Err(_) => Err(ResponseError::lost(Cause::timeout(self.liveness))),
         }
@@ -386,9 +420,9 @@ struct Watch {
     counters: Arc<PlaneCounters>,
     /// The plane closed or aborted.
     stop: CancellationToken,
-    /// How long the frontend has to close once the writer is gone; a third of it is the
-    /// heartbeat interval.
-    linger: Duration,
+    /// How the stream was dialled; its liveness bound is how long the frontend has to close
+    /// once the writer is gone, and a third of it the heartbeat interval.
+    dial: Arc<Dial>,
     write: Weak<Mutex<ConnWrite>>,
     epoch: Instant,
     /// The stream's address: its loss is announced there again if the connection ends
@@ -400,8 +434,8 @@ struct Watch {
 enum Ending {
     /// It killed the stream, refused it, or sent garbage.
     Refused,
-    /// The connection ended or failed.
-    Lost,
+    /// The connection ended or failed, for this cause.
+    Lost(Cause),
 }
 
 impl Watch {
@@ -409,23 +443,30 @@ impl Watch {
     /// has been gone for `linger` (a wedged frontend that never closes must not keep this
     /// task). Every way out leaves the control killed.
     async fn run(self, mut read: ConnRead) {
+        let linger = self.dial.liveness;
         let gone = async {
             self.control.writer_gone.cancelled().await;
-            tokio::time::sleep(self.linger).await;
+            tokio::time::sleep(linger).await;
         };
         // Cancel safety: whichever branch wins, the others are dropped and the watch ends; a
         // read in flight loses nothing anyone still needs.
-        let heartbeats = heartbeats(&self.control, &self.write, self.epoch, self.linger / 3);
+        let heartbeats = heartbeats(&self.control, &self.write, self.epoch, linger / 3);
         let lost = tokio::select! {
             () = heartbeats => false,
-            ending = read_control(&mut read, &self.control, &self.counters) => {
-                self.control.raise(KILLED, &self.counters.classic_cancellations);
-                if self.control.mismatch.get().is_some() {
-                    // The connection is good for nothing: close it, the frontend waits.
-                    read.shutdown();
+            ending = read_control(&mut read, &self.control, &self.counters) => match ending {
+                Ending::Refused => {
+                    self.control.raise(KILLED, &self.counters.classic_cancellations);
+                    if self.control.mismatch.get().is_some() {
+                        // The connection is good for nothing: close it, the frontend waits.
+                        read.shutdown();
+                    }
+                    false
                 }
-                matches!(ending, Ending::Lost)
-            }
+                Ending::Lost(cause) => {
+                    self.control.lose(cause);
+                    true
+                }
+            },
             () = self.stop.cancelled() => {
                 self.control.end();
                 // The writer half may live on in a wedged engine: close the connection now.
@@ -439,31 +480,40 @@ impl Watch {
         };
         if lost && !self.control.accepted.load(Ordering::Acquire) {
             drop(read);
-            announce_abandoned(&self.address, self.linger).await;
+            announce_abandoned(&self.dial, &self.address).await;
         }
     }
 }
 
 /// The connection of a stream the frontend had not taken ended: the frontend may never have
-/// seen it, and its request would wait. Says so on a new connection, once: the stream's name,
-/// then an empty prologue (abandoned), so the frontend's pending request ends (retryable).
-/// Bounded by `within`; a failure is only logged (the frontend's establish timeout remains).
-async fn announce_abandoned(address: &StreamAddress, within: Duration) {
+/// seen it, and its request would wait. Says so on a new connection, once, dialled as the
+/// stream was (TLS, this worker's instance: the frontend takes it as the stream's): the
+/// stream's name, then an empty prologue (abandoned), so the frontend's pending request ends
+/// (retryable). Bounded by the liveness bound (at least the connect timeout); a failure is
+/// only logged (the frontend's establish timeout remains).
+async fn announce_abandoned(dial: &Dial, address: &StreamAddress) {
     let announce = async {
-        let mut stream = TcpStream::connect(address.addr).await?;
-        stream.set_nodelay(true)?;
-        let token = address.token().map_err(std::io::Error::other)?;
-        let name = serde_json::json!({ "stream": address.ticket, "token": hex_token(&token) });
-        let name = name.to_string();
+        let name = dial.handshake(address)?;
+        let mut conn = dial.open(address.addr).await?;
         let mut out = frame::header(HANDSHAKE, name.len()).to_vec();
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&frame::header(PROLOGUE, 0));
-        stream.write_all(&out).await?;
-        stream.shutdown().await
+        let sent = async {
+            conn.write_all(&out).await?;
+            conn.flush().await?;
+            conn.shutdown().await
+        };
+        sent.await.map_err(|e| ResponseError::lost(Cause::io(e)))
     };
-    let outcome = tokio::time::timeout(within.max(CONNECT_TIMEOUT), announce).await;
-    if !matches!(outcome, Ok(Ok(()))) {
-        tracing::debug!(addr = %address.addr, ticket = address.ticket, "cannot announce a lost classic stream");
+    let within = dial.liveness.max(CONNECT_TIMEOUT);
+    match tokio::time::timeout(within, announce).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(addr = %address.addr, ticket = address.ticket, %error, "cannot announce a lost classic stream");
+        }
+        Err(_) => {
+            tracing::debug!(addr = %address.addr, ticket = address.ticket, ?within, "announcing a lost classic stream timed out");
+        }
     }
 }
 
@@ -508,8 +558,8 @@ async fn heartbeats(
     std::future::pending::<()>().await;
 }
 
-/// Reads the frontend's control messages (stop, kill) until the connection ends; the end
-/// of the connection counts as a kill (the frontend dropped the stream).
+/// Reads the frontend's control messages (stop, kill) until the frontend ends the stream or
+/// the connection ends (lost: the frontend said nothing, its work is not cancelled).
 async fn read_control(
     read: &mut ConnRead,
     control: &ClassicControl,
@@ -535,7 +585,14 @@ async fn read_control(
             Ok(None) => {}
         }
         match read.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return Ending::Lost,
+            Ok(0) => {
+                let eof = std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the frontend closed the connection without ending the stream",
+                );
+                return Ending::Lost(Cause::io(eof));
+            }
+            Err(e) => return Ending::Lost(Cause::io(e)),
             Ok(_) => {}
         }
     }
@@ -610,6 +667,44 @@ mod tests {
             matches!(outcome, Err(ResponseError::Cancelled { .. })),
             "{outcome:?}"
         );
+        dialer.stop();
+    }
+
+    /// A frontend whose connection breaks without a word (its process died, a middlebox
+    /// reset the flow) cancelled nothing: the writer reports the lost connection, the engine
+    /// is told to stop, and no frontend cancellation is counted.
+    #[tokio::test]
+    async fn a_connection_lost_without_a_kill_is_a_disconnect_not_a_cancellation() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let counters: Arc<PlaneCounters> = Arc::default();
+        let dialer = ClassicDialer::new(
+            1 << 20,
+            Duration::from_secs(9),
+            None,
+            None,
+            counters.clone(),
+            TaskTracker::new(),
+        );
+        let to = address(listener.local_addr().unwrap());
+        let mut w = dialer.connect(&to).await.unwrap();
+        let (mut frontend, _) = listener.accept().unwrap();
+        std::io::Write::write_all(&mut frontend, &frame::header(ACCEPTED, 0)).unwrap();
+        w.prologue(b"{}").await.unwrap();
+        // The handshake and prologue are unread: the close is a reset.
+        drop(frontend);
+        let control = w.control();
+        tokio::time::timeout(Duration::from_secs(30), control.killed())
+            .await
+            .expect("the engine is told to stop");
+        let outcome = w.item(b"a token").await;
+        assert!(
+            matches!(
+                outcome,
+                Err(ResponseError::Disconnected(Disconnect::Lost(_)))
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(counters.classic_cancellations.get(), 0);
         dialer.stop();
     }
 }
