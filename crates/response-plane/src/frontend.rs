@@ -119,6 +119,7 @@ impl FrontendPlane {
                         crate::classic::CLASSIC_HANDSHAKES,
                         crate::classic::CLASSIC_HANDSHAKES_PER_SOURCE,
                     ),
+                    stop: tokio_util::sync::CancellationToken::new(),
                 };
                 let f = ClassicFrontend::bind(bind, accept, tracker.clone())
                     .await
@@ -247,8 +248,9 @@ impl FrontendPlane {
     pub fn abort(&self) {
         self.inner.watch.stop();
         self.inner.registry.close();
-        if let Transport::Velo(f) = &self.inner.transport {
-            f.abort();
+        match &self.inner.transport {
+            Transport::Classic(f) => f.abort(),
+            Transport::Velo(f) => f.abort(),
         }
     }
 

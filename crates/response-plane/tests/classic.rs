@@ -278,3 +278,62 @@ async fn a_worker_reset_right_after_naming_its_stream_is_a_disconnect_not_a_clos
     );
     assert!(error.is_retryable());
 }
+
+/// An established classic stream whose worker holds it open (a long generation), on a
+/// frontend with a liveness bound far beyond the test: stopping the frontend plane (`stop`)
+/// ends the stream for its reader at once, as the velo plane's closed lanes do, instead of
+/// leaving it to the worker.
+async fn stopping_the_frontend_plane_ends_its_classic_streams(
+    stop: impl AsyncFnOnce(&FrontendPlane),
+) {
+    let idle = Duration::from_secs(600);
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
+    let (info, pending) = frontend
+        .register::<u32>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = within("connect", worker.connect::<u32>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    within("send", tx.send(&1)).await.unwrap();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    assert_eq!(within("item", rx.next()).await, Some(Ok(1)));
+    stop(&frontend).await;
+    let end = within("the stream ends with its plane", rx.next()).await;
+    assert!(
+        matches!(end, Some(Err(ResponseError::Disconnected(_)))),
+        "{end:?}"
+    );
+    assert_eq!(within("then nothing", rx.next()).await, None);
+    worker.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_the_classic_streams_still_open() {
+    stopping_the_frontend_plane_ends_its_classic_streams(async |f| f.shutdown().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_ends_the_classic_streams_still_open() {
+    stopping_the_frontend_plane_ends_its_classic_streams(async |f| f.abort()).await;
+}
+
+/// After `abort`, as after `shutdown`, the classic listener takes no connection: the accept
+/// loop has ended and its socket is closed (bounded polling: the loop ends on its task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_stops_the_classic_listener() {
+    let frontend = FrontendPlane::bind(config(Duration::from_secs(10)), TaskTracker::new())
+        .await
+        .unwrap();
+    let addr = frontend.address();
+    frontend.abort();
+    within("the listener closes", async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
 use super::conn::{Conn, ConnRead, ConnWrite};
@@ -76,6 +76,9 @@ pub(crate) struct Accept {
     pub(crate) counters: Arc<PlaneCounters>,
     /// Connections that have not named their stream yet, per source and in all.
     pub(crate) handshakes: Arc<HandshakeBudget>,
+    /// Cancelled when the plane shuts down or aborts: the accept loop ends, and so does every
+    /// stream, named or not.
+    pub(crate) stop: CancellationToken,
 }
 
 impl ClassicFrontend {
@@ -97,7 +100,7 @@ impl ClassicFrontend {
         // arrives in bursts. The accept loop is still what limits this plane at scale.
         let listener = socket.listen(BACKLOG)?;
         let local_addr = listener.local_addr()?;
-        let (stop, done) = (CancellationToken::new(), CancellationToken::new());
+        let (stop, done) = (accept.stop.clone(), CancellationToken::new());
         let (s, d, t) = (stop.clone(), done.clone(), tracker.clone());
         tracker.spawn(async move {
             loop {
@@ -137,10 +140,15 @@ impl ClassicFrontend {
         })
     }
 
-    /// Stops accepting and waits for the accept loop to end.
+    /// Stops accepting, ends every stream, and waits for the accept loop to end.
     pub(crate) async fn shutdown(&self) {
         self.stop.cancel();
         self.done.cancelled().await;
+    }
+
+    /// Stops accepting and ends every stream; the accept loop ends on its task.
+    pub(crate) fn abort(&self) {
+        self.stop.cancel();
     }
 }
 
@@ -218,6 +226,7 @@ async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
                 buf,
                 max,
                 idle: liveness,
+                plane_stop: accept.stop.clone(),
             };
             // If the pending handle went away meanwhile the connection is dropped: the
             // worker sees its end.
@@ -323,13 +332,27 @@ pub(crate) struct Incoming {
     max: u32,
     /// The liveness bound: a worker silent this long (no item, no heartbeat) is lost.
     idle: Duration,
+    /// The plane's stop: the stream ends with it.
+    plane_stop: CancellationToken,
+}
+
+/// How a classic stream ends when its frontend plane shuts down or aborts under it.
+fn plane_stopped() -> ResponseError {
+    ResponseError::lost(Cause::io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the frontend's response plane shut down",
+    )))
 }
 
 impl Incoming {
     /// Reads the prologue: the stream, or the worker's refusal.
     pub(crate) async fn prologue(mut self) -> Result<ClassicReader, ResponseError> {
-        let (kind, body) =
-            read_message(&mut self.stream, &mut self.buf, self.max, self.idle).await?;
+        let read = read_message(&mut self.stream, &mut self.buf, self.max, self.idle);
+        // Cancel safety: whichever wins, the connection is dropped or moves on whole.
+        let (kind, body) = tokio::select! {
+            r = read => r?,
+            () = self.plane_stop.cancelled() => return Err(plane_stopped()),
+        };
         if kind != PROLOGUE {
             return Err(ResponseError::Protocol(
                 ProtocolViolation::ExpectedPrologue { kind },
@@ -349,6 +372,7 @@ impl Incoming {
             idle: self.idle,
             last_rx: Instant::now(),
             silence: Box::pin(tokio::time::sleep(self.idle)),
+            plane_stop: Box::pin(self.plane_stop.cancelled_owned()),
         })
     }
 }
@@ -367,6 +391,8 @@ pub(crate) struct ClassicReader {
     idle: Duration,
     last_rx: Instant,
     silence: Pin<Box<Sleep>>,
+    /// The plane's stop: the stream ends with it.
+    plane_stop: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl ClassicReader {
@@ -377,6 +403,12 @@ impl ClassicReader {
     ) -> Poll<Option<Result<Bytes, ResponseError>>> {
         if self.ended {
             return Poll::Ready(None);
+        }
+        if self.plane_stop.as_mut().poll(cx).is_ready() {
+            // The worker is told, then the connection closed both ways.
+            self.kill();
+            self.read.shutdown();
+            return Poll::Ready(Some(Err(plane_stopped())));
         }
         loop {
             match frame::decode(&mut self.buf, self.max) {
@@ -488,6 +520,7 @@ mod tests {
             tls: None,
             counters: Arc::default(),
             handshakes: HandshakeBudget::new(CLASSIC_HANDSHAKES, CLASSIC_HANDSHAKES_PER_SOURCE),
+            stop: CancellationToken::new(),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();
@@ -520,6 +553,7 @@ mod tests {
             tls: None,
             counters: counters.clone(),
             handshakes: HandshakeBudget::new(3, 2),
+            stop: CancellationToken::new(),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let from = |ip: [u8; 4]| {
