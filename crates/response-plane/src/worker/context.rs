@@ -10,7 +10,8 @@ use crate::classic::ClassicControl;
 /// The frontend's stop and kill, for the engine serving one stream. Cheap to clone.
 ///
 /// On the velo plane the signals exist from the prologue on; waiting before it simply waits.
-/// A kill that raced the stream's setup arrives right after the prologue.
+/// A kill that raced the stream's setup arrives right after the prologue. A stream that never
+/// opens (its sender dropped before the prologue, or the prologue failed) counts as killed.
 #[derive(Clone)]
 pub struct StreamContext {
     shared: Arc<ContextShared>,
@@ -26,6 +27,9 @@ struct ContextShared {
 pub(super) enum Watch {
     Velo(StreamWatch),
     Classic(Arc<ClassicControl>),
+    /// The stream never opened (its sender was dropped before the prologue, or the prologue
+    /// failed): there is nothing to serve, as after a kill.
+    Never,
 }
 
 impl StreamContext {
@@ -61,6 +65,7 @@ impl StreamContext {
         match self.watch().await {
             Watch::Velo(w) => w.stopped().await,
             Watch::Classic(c) => c.stopped().await,
+            Watch::Never => {}
         }
     }
 
@@ -71,6 +76,7 @@ impl StreamContext {
                 w.closed().await;
             }
             Watch::Classic(c) => c.killed().await,
+            Watch::Never => {}
         }
     }
 
@@ -79,6 +85,7 @@ impl StreamContext {
         match self.shared.watch.get() {
             Some(Watch::Velo(w)) => w.is_stop_requested() || w.remote_end().is_some(),
             Some(Watch::Classic(c)) => c.is_stopped(),
+            Some(Watch::Never) => true,
             None => false,
         }
     }
@@ -88,6 +95,7 @@ impl StreamContext {
         match self.shared.watch.get() {
             Some(Watch::Velo(w)) => w.remote_end().is_some(),
             Some(Watch::Classic(c)) => c.is_killed(),
+            Some(Watch::Never) => true,
             None => false,
         }
     }

@@ -23,7 +23,7 @@ use crate::{
     Cause, ConnectionInfo, InvalidInfo, Plane, ResponseError, ResponsePlaneConfig, StartError,
     TypedError, VeloTransport,
 };
-use sender::Kind;
+use sender::{Kind, VeloTarget};
 
 /// A worker's response plane: opens the response stream of each request it serves.
 #[derive(Clone)]
@@ -160,10 +160,10 @@ impl WorkerPlane {
                 ResponseSender::new(Kind::Classic(w), address.codec, self.in_flight())
             }
             Some(t) => {
-                let peer = self.velo_peer(t, &address).await?;
+                let (peer, target) = self.velo_peer(t, &address).await?;
                 let (ticket, token) = (address.ticket, address.token()?);
                 ResponseSender::new(
-                    Kind::velo(peer, ticket, token),
+                    Kind::velo(peer, target, ticket, token),
                     address.codec,
                     self.in_flight(),
                 )
@@ -188,7 +188,7 @@ impl WorkerPlane {
         &self,
         transport: VeloTransport,
         address: &StreamAddress,
-    ) -> Result<Peer, ResponseError> {
+    ) -> Result<(Peer, VeloTarget), ResponseError> {
         let instance = address.instance_id()?;
         let addr = address.addr;
         let worker = self
@@ -197,14 +197,21 @@ impl WorkerPlane {
                 addr,
                 cause: Cause::start(e),
             })?;
-        worker
-            .endpoint()
+        let endpoint = worker.endpoint();
+        let peer = endpoint
             .peer(addr, instance)
             .await
             .map_err(|e| ResponseError::Unreachable {
                 addr,
                 cause: Cause::connect(e),
-            })
+            })?;
+        let target = VeloTarget {
+            endpoint: endpoint.clone(),
+            addr,
+            instance,
+            tracker: self.inner.tracker.clone(),
+        };
+        Ok((peer, target))
     }
 
     /// Counts a new stream in flight.

@@ -5,13 +5,15 @@ use std::marker::PhantomData;
 
 use bytes::Bytes;
 use serde::Serialize;
-use velo_session::{Peer, SendStream};
+use tokio_util::task::TaskTracker;
+use velo_mux::OpenError;
+use velo_session::{Peer, SendStream, StreamError, WorkerEndpoint};
 
 use super::context::{StreamContext, Watch};
 use crate::classic::ClassicWriter;
 use crate::error::stream_error;
 use crate::observe::InFlight;
-use crate::{Codec, ResponseError, TypedError, prologue};
+use crate::{Cause, Codec, ResponseError, TypedError, prologue};
 
 /// The sending side of one response stream.
 ///
@@ -34,6 +36,8 @@ pub(super) enum Kind {
     /// Velo, connection ready, prologue not sent.
     VeloReady {
         peer: Peer,
+        /// How to reach the frontend again if `peer` stops taking new streams meanwhile.
+        target: Box<VeloTarget>,
         ticket: u64,
         token: [u8; 16],
     },
@@ -46,11 +50,99 @@ pub(super) enum Kind {
 
 impl Kind {
     /// Velo, connection ready, prologue not sent.
-    pub(super) fn velo(peer: Peer, ticket: u64, token: [u8; 16]) -> Self {
+    pub(super) fn velo(peer: Peer, target: VeloTarget, ticket: u64, token: [u8; 16]) -> Self {
         Self::VeloReady {
             peer,
+            target: Box::new(target),
             ticket,
             token,
+        }
+    }
+}
+
+/// A velo stream's frontend, and the endpoint that reaches it: the connection prepared for
+/// the stream may stop taking new streams before its prologue goes out (the frontend said
+/// GOAWAY, or its lanes died), and the stream is then opened on a fresh one.
+pub(super) struct VeloTarget {
+    pub(super) endpoint: WorkerEndpoint,
+    pub(super) addr: std::net::SocketAddr,
+    pub(super) instance: velo_wire::InstanceId,
+    /// Where an abandonment that needs a fresh connection is announced from.
+    pub(super) tracker: TaskTracker,
+}
+
+/// Whether `peer` refused an OPEN only because it takes no new streams (GOAWAY, no lane
+/// left): a fresh connection to the same frontend may take it.
+fn refused_for_going_away(e: &StreamError) -> bool {
+    matches!(
+        e,
+        StreamError::Open(OpenError::GoingAway(_) | OpenError::NoLane)
+    )
+}
+
+impl VeloTarget {
+    /// Opens the stream on `peer`, or, if `peer` takes no new streams any more, once on a
+    /// fresh connection to the same frontend.
+    async fn open(
+        &self,
+        peer: &Peer,
+        ticket: u64,
+        token: &velo_wire::Token,
+        prologue: &[u8],
+    ) -> Result<SendStream, ResponseError> {
+        match velo_session::open_when_room(peer, ticket, token, prologue).await {
+            Err(e) if refused_for_going_away(&e) => {
+                let fresh = self.fresh_peer().await?;
+                velo_session::open_when_room(&fresh, ticket, token, prologue)
+                    .await
+                    .map_err(stream_error)
+            }
+            r => r.map_err(stream_error),
+        }
+    }
+
+    /// A connection to the frontend that takes new streams: the cached one if it still
+    /// does, else a new one.
+    async fn fresh_peer(&self) -> Result<Peer, ResponseError> {
+        self.endpoint
+            .peer(self.addr, self.instance)
+            .await
+            .map_err(|e| ResponseError::Unreachable {
+                addr: self.addr,
+                cause: Cause::connect(e),
+            })
+    }
+
+    /// Tells the frontend stream `ticket` is abandoned (an OPEN with the abandoned prologue,
+    /// then a reset): on `peer` at once, or, if `peer` takes no new streams, from a task on
+    /// a fresh connection (a stream dropped at any point is announced, or the frontend's
+    /// request waits for its establish timeout).
+    fn abandon(self, peer: &Peer, ticket: u64, token: velo_wire::Token) {
+        match velo_session::open_on(peer, ticket, &token, prologue::ABANDONED) {
+            Ok(stream) => drop(stream),
+            Err(e) if refused_for_going_away(&e) => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    tracing::debug!("no runtime to report an abandoned stream from");
+                    return;
+                };
+                let tracker = self.tracker.clone();
+                let announce = async move {
+                    let opened = match self.fresh_peer().await {
+                        Ok(fresh) => {
+                            velo_session::open_on(&fresh, ticket, &token, prologue::ABANDONED)
+                                .map_err(stream_error)
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match opened {
+                        Ok(stream) => drop(stream),
+                        Err(e) => tracing::debug!(error = %e, "cannot report an abandoned stream"),
+                    }
+                };
+                tracker.spawn_on(announce, &runtime);
+            }
+            // The connection is gone: the establish timeout ends the wait.
+            Err(e) => tracing::debug!(error = %e, "cannot report an abandoned stream"),
         }
     }
 }
@@ -91,13 +183,18 @@ impl<T: Serialize> ResponseSender<T> {
         match std::mem::replace(&mut self.kind, Kind::Done) {
             Kind::VeloReady {
                 peer,
+                target,
                 ticket,
                 token,
             } => {
                 let token = velo_wire::Token(token);
-                let stream = velo_session::open_when_room(&peer, ticket, &token, &json)
-                    .await
-                    .map_err(stream_error)?;
+                let stream = match target.open(&peer, ticket, &token, &json).await {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        self.context.set(Watch::Never);
+                        return Err(e);
+                    }
+                };
                 self.context.set(Watch::Velo(stream.watch()));
                 if result.is_err() {
                     stream.finish(Bytes::new()).await.map_err(stream_error)?;
@@ -216,16 +313,13 @@ impl<T> Drop for ResponseSender<T> {
         // the connection ends the frontend's wait.
         if let Kind::VeloReady {
             peer,
+            target,
             ticket,
             token,
-        } = &self.kind
+        } = std::mem::replace(&mut self.kind, Kind::Done)
         {
-            let token = velo_wire::Token(*token);
-            match velo_session::open_on(peer, *ticket, &token, prologue::ABANDONED) {
-                Ok(stream) => drop(stream),
-                // The connection is gone or going away: the establish timeout ends the wait.
-                Err(e) => tracing::debug!(error = %e, "cannot report an abandoned stream"),
-            }
+            self.context.set(Watch::Never);
+            target.abandon(&peer, ticket, velo_wire::Token(token));
         }
     }
 }
@@ -235,5 +329,126 @@ impl<T> std::fmt::Debug for ResponseSender<T> {
         f.debug_struct("ResponseSender")
             .field("codec", &self.codec)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::{
+        Disconnect, FrontendPlane, Plane, RegisterOptions, ResponsePlaneConfig, WorkerPlane,
+    };
+
+    const BOUND: Duration = Duration::from_secs(20);
+
+    type Connected = (
+        FrontendPlane,
+        WorkerPlane,
+        crate::PendingResponse<u32>,
+        ResponseSender<u32>,
+    );
+
+    /// A velo frontend and a worker on loopback, and a stream of the frontend's that the
+    /// worker has connected for (its prologue not sent).
+    async fn connected() -> Connected {
+        let config = ResponsePlaneConfig::builder()
+            .plane(Plane::Velo)
+            .host(Some("127.0.0.1".parse().unwrap()))
+            .build()
+            .unwrap();
+        let frontend = FrontendPlane::bind(config.clone(), TaskTracker::new())
+            .await
+            .unwrap();
+        let worker = WorkerPlane::new(config, TaskTracker::new()).unwrap();
+        let opts = RegisterOptions {
+            establish_timeout: None,
+            ..RegisterOptions::default()
+        };
+        let (info, pending) = frontend.register::<u32>(opts).unwrap();
+        let tx = tokio::time::timeout(BOUND, worker.connect::<u32>(&info))
+            .await
+            .unwrap()
+            .unwrap();
+        (frontend, worker, pending, tx)
+    }
+
+    /// As [`connected`], then the frontend says GOAWAY to that connection. Returns once the
+    /// worker has heard it.
+    async fn connected_then_going_away() -> Connected {
+        let (frontend, worker, pending, tx) = connected().await;
+        let Kind::VeloReady { peer, .. } = &tx.kind else {
+            panic!("a velo stream before its prologue");
+        };
+        frontend.go_away();
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while !peer.is_going_away() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the GOAWAY never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        (frontend, worker, pending, tx)
+    }
+
+    /// The frontend drains the connection between the worker's connect and its prologue
+    /// (a rolling restart, a lane rebalance): the stream opens on a fresh connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prologue_after_the_frontends_goaway_opens_on_a_fresh_connection() {
+        let (frontend, worker, pending, mut tx) = connected_then_going_away().await;
+        tx.send_prologue(Ok(())).await.unwrap();
+        tx.send(&7).await.unwrap();
+        tokio::time::timeout(BOUND, tx.finish())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut rx = tokio::time::timeout(BOUND, pending.established())
+            .await
+            .expect("the stream reached the frontend")
+            .unwrap();
+        let first = tokio::time::timeout(BOUND, futures::StreamExt::next(&mut rx)).await;
+        assert_eq!(first.unwrap().map(Result::unwrap), Some(7));
+        worker.close();
+        frontend.shutdown().await;
+    }
+
+    /// An engine that waits on a stream's signals learns the stream is over when its sender
+    /// is dropped before the prologue (nothing will ever stop or kill it otherwise).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_dropped_before_its_prologue_reads_as_killed_to_its_engine() {
+        let (frontend, worker, _pending, tx) = connected().await;
+        let ctx = tx.context();
+        assert!(!ctx.is_killed());
+        drop(tx);
+        tokio::time::timeout(BOUND, ctx.killed())
+            .await
+            .expect("killed() resolves");
+        tokio::time::timeout(BOUND, ctx.stopped())
+            .await
+            .expect("stopped() resolves");
+        assert!(ctx.is_killed() && ctx.is_stopped());
+        worker.close();
+        frontend.shutdown().await;
+    }
+
+    /// As above, but the engine drops the stream before its prologue: the frontend's
+    /// request still learns it is abandoned (retryable), instead of waiting.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_dropped_after_the_frontends_goaway_is_still_reported_abandoned() {
+        let (frontend, worker, pending, tx) = connected_then_going_away().await;
+        drop(tx);
+        let r = tokio::time::timeout(BOUND, pending.established())
+            .await
+            .expect("the frontend learns the stream is abandoned");
+        assert!(
+            matches!(r, Err(ResponseError::Disconnected(Disconnect::Abandoned))),
+            "{r:?}"
+        );
+        worker.close();
+        frontend.shutdown().await;
     }
 }
