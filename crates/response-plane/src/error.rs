@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use velo_session::StreamError;
-pub use velo_wire::ErrorCode;
+pub use velo_wire::{CancelCode, ErrorCode};
 
 use crate::Plane;
 pub use crate::cause::{Cause, Disconnect, InvalidInfo, ProtocolViolation, TlsMismatch};
@@ -72,6 +72,15 @@ pub enum ResponseError {
         code: ErrorCode,
         /// The worker's message.
         message: String,
+    },
+    /// Worker: the frontend ended the stream for a reason other than a cancellation: it did
+    /// not take it (`refused`: an unknown or expired ticket, a bad token, a stream tied to
+    /// another worker), was at its limit of streams (`too_many_streams`), is draining
+    /// (`going_away`), or could not read what this worker sent (`protocol_error`).
+    #[error("the frontend dropped the stream ({})", .code.name())]
+    DroppedByFrontend {
+        /// The frontend's reason.
+        code: CancelCode,
     },
     /// An item could not be decoded with the stream's codec (the peer's fault).
     #[error("cannot decode an item: {0}")]
@@ -141,6 +150,7 @@ impl ResponseError {
         matches!(
             self,
             Self::Refused { .. }
+                | Self::DroppedByFrontend { .. }
                 | Self::Worker { .. }
                 | Self::Decode(_)
                 | Self::Protocol(_)
@@ -178,9 +188,14 @@ impl ResponseError {
 pub(crate) fn stream_error(e: StreamError) -> ResponseError {
     use velo_mux::{OpenError, StreamEnd};
     match e {
-        StreamError::Closed(StreamEnd::Cancelled(_))
-        | StreamError::Undelivered(StreamEnd::Cancelled(_)) => {
+        StreamError::Closed(StreamEnd::Cancelled(CancelCode::CANCELLED))
+        | StreamError::Undelivered(StreamEnd::Cancelled(CancelCode::CANCELLED)) => {
             ResponseError::Cancelled { graceful: false }
+        }
+        // Refused, at a limit, draining, or unreadable: not a cancellation of work.
+        StreamError::Closed(StreamEnd::Cancelled(code))
+        | StreamError::Undelivered(StreamEnd::Cancelled(code)) => {
+            ResponseError::DroppedByFrontend { code }
         }
         StreamError::Closed(StreamEnd::Lost(lane))
         | StreamError::Undelivered(StreamEnd::Lost(lane)) => ResponseError::lost(Cause::lane(lane)),

@@ -99,8 +99,8 @@ pub use config::{
     VeloTransport,
 };
 pub use error::{
-    Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError, TlsMismatch,
-    TypedError,
+    CancelCode, Cause, Disconnect, ErrorCode, InvalidInfo, ProtocolViolation, ResponseError,
+    TlsMismatch, TypedError,
 };
 pub use frontend::{DEFAULT_ESTABLISH_TIMEOUT, FrontendPlane, PendingResponse, RegisterOptions};
 pub use info::ConnectionInfo;

@@ -69,10 +69,16 @@ impl<T> ResponseStream<T> {
 
     /// Stops the stream now: the worker is told, nothing more is read.
     pub fn kill(&mut self) {
+        self.end_with(velo_wire::CancelCode::CANCELLED);
+    }
+
+    /// Stops the stream now, telling the worker `code` (the velo plane carries it; the
+    /// classic plane has only its kill).
+    fn end_with(&mut self, code: velo_wire::CancelCode) {
         self.done = true;
         self.in_flight.end(None);
         match &mut self.inner {
-            Inner::Velo(s) => s.cancel(velo_wire::CancelCode::CANCELLED),
+            Inner::Velo(s) => s.cancel(code),
             Inner::Classic(r) => r.kill(),
         }
     }
@@ -154,9 +160,10 @@ impl<T: DeserializeOwned> Stream for ResponseStream<T> {
             Poll::Ready(Some(Ok(bytes))) => match this.codec.decode(&bytes) {
                 Ok(item) => Poll::Ready(Some(Ok(item))),
                 Err(e) => {
-                    // The worker sends what we cannot read: stop it and report once.
+                    // The worker sends what we cannot read: stop it, as its fault (it is no
+                    // cancellation of its work), and report once.
                     this.in_flight.end(Some(&e));
-                    this.kill();
+                    this.end_with(velo_wire::CancelCode::PROTOCOL_ERROR);
                     Poll::Ready(Some(Err(e)))
                 }
             },

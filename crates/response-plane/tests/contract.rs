@@ -867,3 +867,42 @@ async fn classic_data_after_the_final_item_is_an_error() {
     );
     assert!(err.is_remote());
 }
+
+/// A velo worker whose items its frontend cannot decode is told so (the frontend drops the
+/// stream as a protocol error): the worker sees its own fault, counted as a stream error,
+/// not a cancellation of its work.
+#[cfg(feature = "tcp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_the_frontend_cannot_decode_is_the_workers_error_not_a_cancellation() {
+    let s = setup(VELO_TCP).await;
+    let (info, pending) = register(&s);
+    // The frontend reads `Token`s; this worker sends strings.
+    let mut tx = within("connect", s.worker.connect::<String>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    within("send", tx.send(&"not a token".to_owned()))
+        .await
+        .unwrap();
+    s.worker.flush();
+    let mut rx = within("established", pending.established()).await.unwrap();
+    let err = within("item", rx.next()).await.unwrap().unwrap_err();
+    assert!(matches!(err, ResponseError::Decode(_)), "{err}");
+    let err = within("the worker hears of it", async {
+        loop {
+            match tx.send(&"still not a token".to_owned()).await {
+                Ok(()) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) => break e,
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        err,
+        ResponseError::DroppedByFrontend {
+            code: response_plane::CancelCode::PROTOCOL_ERROR
+        }
+    );
+    assert!(!err.is_cancelled() && err.is_remote());
+    assert_eq!(s.worker.stats().stream_errors, 1);
+}
