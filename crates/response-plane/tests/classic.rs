@@ -337,3 +337,44 @@ async fn abort_stops_the_classic_listener() {
     })
     .await;
 }
+
+/// A frontend application that stops reading a classic stream for a while (its HTTP client
+/// is slow, a consumer paused) while the worker has plenty to send: the worker's sends wait
+/// on a full window, and the stream resumes intact when the reader does, however long past
+/// the liveness bound the pause lasts. The pause is the scenario: time passing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_pauses_past_the_liveness_bound_loses_nothing() {
+    let idle = Duration::from_secs(1);
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
+    let (info, pending) = frontend
+        .register::<Vec<u8>>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = within("connect", worker.connect::<Vec<u8>>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    // Far more than loopback's socket buffers hold: the window closes.
+    const ITEMS: usize = 512;
+    let item = vec![7u8; 64 * 1024];
+    let sender = tokio::spawn(async move {
+        for _ in 0..ITEMS {
+            tx.send(&item).await?;
+        }
+        tx.finish().await
+    });
+    let mut rx = within("established", pending.established()).await.unwrap();
+    tokio::time::sleep(idle * 5).await;
+    let mut got = 0;
+    while let Some(item) = within("an item", rx.next()).await {
+        assert_eq!(item.unwrap().len(), 64 * 1024);
+        got += 1;
+    }
+    assert_eq!(got, ITEMS);
+    within("the worker finished", sender)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -158,7 +158,7 @@ async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
     let (max, liveness) = (accept.max, accept.liveness);
     let refused = &accept.counters.arrivals_refused;
     let _ = stream.set_nodelay(true);
-    if let Err(e) = set_liveness(&stream, liveness) {
+    if let Err(e) = set_liveness(&stream, liveness, liveness) {
         // Without it a vanished worker would hold this stream for ever: refuse it.
         tracing::debug!(error = %e, "cannot bound a classic connection's liveness");
         refused.inc();
@@ -536,7 +536,7 @@ mod tests {
         let Conn::Plain(tcp) = &incoming.stream else {
             panic!("a plaintext connection");
         };
-        crate::classic::socket::assert_liveness(tcp, bound);
+        crate::classic::socket::assert_liveness(tcp, bound, bound);
         f.shutdown().await;
     }
 

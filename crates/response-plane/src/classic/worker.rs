@@ -17,7 +17,7 @@ use super::frame::{
     self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, PROLOGUE, REQUIRES_TLS, SENTINEL, STOP,
 };
 use super::mismatch;
-use super::socket::set_liveness;
+use super::socket::{STALLED_SEND_BOUND, set_liveness};
 use crate::info::{StreamAddress, hex_token};
 use crate::stats::{Count, PlaneCounters};
 use crate::{Cause, Disconnect, ResponseError, TlsMismatch};
@@ -165,7 +165,12 @@ impl Dial {
             .map_err(|e| unreachable(Cause::io(e)))?;
         let io = |e| unreachable(Cause::io(e));
         stream.set_nodelay(true).map_err(io)?;
-        set_liveness(&stream, self.liveness).map_err(io)?;
+        set_liveness(
+            &stream,
+            self.liveness,
+            STALLED_SEND_BOUND.max(self.liveness),
+        )
+        .map_err(io)?;
         match &self.tls {
             None => Ok(Conn::Plain(stream)),
             Some(tls) => secure(stream, addr, tls).await.map_err(unreachable),
@@ -626,7 +631,12 @@ mod tests {
         let to = address(listener.local_addr().unwrap());
         let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
         let (w, _frontend) = (w.unwrap(), accepted.unwrap());
-        crate::classic::socket::assert_liveness(w.write.lock().await.tcp().unwrap(), bound);
+        let stalled_send = STALLED_SEND_BOUND;
+        crate::classic::socket::assert_liveness(
+            w.write.lock().await.tcp().unwrap(),
+            bound,
+            stalled_send,
+        );
         dialer.stop();
     }
 
