@@ -211,6 +211,7 @@ impl FrontendArgs {
             max_attempts: crate::frontend::DEFAULT_MAX_ATTEMPTS,
             removal_grace: Duration::from_millis(self.removal_grace_ms),
             max_body_bytes: crate::frontend::DEFAULT_MAX_BODY_BYTES,
+            http_limits: crate::frontend::http::HttpLimits::default(),
             service: service_config(Role::Frontend, host)?,
             plane_thread: self.plane_thread,
             discovery: discovery_config(&self.discovery)?,

@@ -35,6 +35,13 @@ pub enum Change {
 pub struct Forget(mpsc::Sender<u64>);
 
 impl Forget {
+    /// A `Forget` and what it sends, for a test standing in for the watcher.
+    #[cfg(test)]
+    pub(crate) fn channel() -> (Self, mpsc::Receiver<u64>) {
+        let (tx, rx) = mpsc::channel(16);
+        (Self(tx), rx)
+    }
+
     /// Forgets `instance_id`.
     pub async fn forget(&self, instance_id: u64) {
         let _ = self.0.send(instance_id).await;

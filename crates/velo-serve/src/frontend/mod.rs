@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod dispatch;
+pub mod http;
 pub mod metrics;
 pub mod pool;
 pub mod respond;
@@ -23,13 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 use response_plane::FrontendPlane;
 use runtime_glue::{ResponseService, ServiceConfig, StartupError};
 use tokio::net::TcpListener;
@@ -37,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use admission::{Admission, AdmissionLimits};
+use http::HttpLimits;
 use metrics::{FrontendMetrics, Outcome};
 use pool::Pool;
 use respond::Accounting;
@@ -70,6 +69,8 @@ pub struct FrontendConfig {
     pub removal_grace: Duration,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// The HTTP server's bounds: connections, header and body read timeouts.
+    pub http_limits: HttpLimits,
     /// The response-plane service (plane settings, grace, teardown bound).
     pub service: ServiceConfig,
     /// Run the response plane's tasks on a thread of their own (`velo-plane`), so its CPU time
@@ -202,7 +203,15 @@ impl Frontend {
             tracker: tracker.clone(),
             next_id: AtomicU64::new(1),
         }));
-        tracker.spawn(serve_http(listener, state.clone(), stop.clone()));
+        let app = router(state.clone());
+        let limits = state.config.http_limits;
+        tracker.spawn(http::serve(
+            listener,
+            app,
+            limits,
+            tracker.clone(),
+            stop.clone(),
+        ));
         tracing::info!(%addr, plane = state.plane.plane().name(), "frontend serving");
         Ok(Self {
             addr,
@@ -292,54 +301,52 @@ impl PlaneThread {
         }
     }
 }
-/// Serves HTTP on `listener` until `stop`, then lets open connections finish.
-async fn serve_http(listener: TcpListener, state: State, stop: CancellationToken) {
-    // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it until
-    // the client's delayed ACK (~40 ms on Linux), which serve-bench saw as TTFT.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
-        }
-    });
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "HTTP server failed");
-    }
-}
-
 fn router(state: State) -> Router {
-    let limit = state.config.max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
-        .layer(DefaultBodyLimit::max(limit))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(state)
 }
 
-async fn chat(
-    axum::extract::State(s): axum::extract::State<State>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    generate(s, Endpoint::Chat, body).await
+/// 404 for a path this server does not serve, as an OpenAI error object.
+async fn no_route(uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "not_found_error",
+        ..ApiError::invalid(format!("no route for {}", uri.path()), None)
+    }
+    .into_response()
+}
+
+/// 405 for a served path asked with another method, as an OpenAI error object.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::invalid(
+            format!("{} does not take {method} requests", uri.path()),
+            None,
+        )
+    }
+    .into_response()
+}
+
+async fn chat(axum::extract::State(s): axum::extract::State<State>, req: Request) -> Response {
+    generate(s, Endpoint::Chat, req).await
 }
 
 async fn completions(
     axum::extract::State(s): axum::extract::State<State>,
-    body: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Response {
-    generate(s, Endpoint::Completion, body).await
+    generate(s, Endpoint::Completion, req).await
 }
 
-async fn generate(
-    state: State,
-    endpoint: Endpoint,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn generate(state: State, endpoint: Endpoint, req: Request) -> Response {
     let started = Instant::now();
     let refuse = |e: ApiError, streaming: bool| {
         state
@@ -347,15 +354,10 @@ async fn generate(
             .request(endpoint, streaming, Outcome::of_status(e.status.as_u16()));
         e.into_response()
     };
-    let body = match body {
+    let (max, limits) = (state.config.max_body_bytes, state.config.http_limits);
+    let body = match http::read_body(req.into_body(), max, limits).await {
         Ok(b) => b,
-        Err(r) => {
-            let e = ApiError {
-                status: r.status(),
-                ..ApiError::invalid(r.body_text(), None)
-            };
-            return refuse(e, false);
-        }
+        Err(e) => return refuse(e, false),
     };
     let job = match crate::openai::request::parse(
         endpoint,

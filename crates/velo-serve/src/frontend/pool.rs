@@ -49,24 +49,36 @@ impl Drop for Assigned {
 /// The routable workers.
 #[derive(Debug)]
 pub struct Pool {
-    workers: RwLock<HashMap<u64, Arc<WorkerEntry>>>,
+    members: RwLock<Members>,
     turn: AtomicUsize,
     removal_grace: Duration,
+    /// Numbers each addition of a worker (see [`Members::wanted`]).
+    additions: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Members {
+    /// The routable workers, by instance id.
+    workers: HashMap<u64, Arc<WorkerEntry>>,
+    /// The workers discovery lists, each with the number of its latest addition: a connection
+    /// that completes after its worker left (or for an older addition) is never routed to.
+    wanted: HashMap<u64, u64>,
 }
 
 impl Pool {
     /// An empty pool; removed workers' streams get `removal_grace`.
     pub fn new(removal_grace: Duration) -> Arc<Self> {
         Arc::new(Self {
-            workers: RwLock::new(HashMap::new()),
+            members: RwLock::new(Members::default()),
             turn: AtomicUsize::new(0),
             removal_grace,
+            additions: AtomicU64::new(0),
         })
     }
 
     /// Workers routable right now.
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.read().workers.len()
     }
 
     /// Whether no worker is routable.
@@ -76,12 +88,13 @@ impl Pool {
 
     /// The ids of the routable workers.
     pub fn ids(&self) -> Vec<u64> {
-        self.read().keys().copied().collect()
+        self.read().workers.keys().copied().collect()
     }
 
     /// The least loaded worker not in `tried` (ties broken in turn), counted as assigned.
     pub fn pick(&self, tried: &[u64]) -> Option<Assigned> {
-        let workers = self.read();
+        let members = self.read();
+        let workers = &members.workers;
         let n = workers.len();
         if n == 0 {
             return None;
@@ -99,26 +112,46 @@ impl Pool {
         Some(Assigned(best))
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, Arc<WorkerEntry>>> {
-        self.workers.read().unwrap_or_else(PoisonError::into_inner)
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Members> {
+        self.members.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn insert(&self, entry: Arc<WorkerEntry>) {
-        let old = self
-            .workers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry.id, entry);
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Members> {
+        self.members.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Discovery added worker `id`: returns the number of this addition, which its
+    /// connection presents to [`insert`](Self::insert).
+    fn want(&self, id: u64) -> u64 {
+        let addition = self.additions.fetch_add(1, Ordering::Relaxed);
+        self.write().wanted.insert(id, addition);
+        addition
+    }
+
+    /// Routes to `entry`, connected for `addition`, if its worker is still wanted for that
+    /// addition; else closes its channel (it left while it was being connected) and returns
+    /// `false`.
+    fn insert(&self, entry: Arc<WorkerEntry>, addition: u64) -> bool {
+        let mut members = self.write();
+        if members.wanted.get(&entry.id) != Some(&addition) {
+            drop(members);
+            entry.channel.close();
+            return false;
+        }
+        let old = members.workers.insert(entry.id, entry);
+        drop(members);
         if let Some(old) = old {
             old.channel.close();
         }
+        true
     }
 
+    /// Takes worker `id` out of routing; a connection to it still being made is not routed
+    /// to either.
     fn take(&self, id: u64) -> Option<Arc<WorkerEntry>> {
-        self.workers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id)
+        let mut members = self.write();
+        members.wanted.remove(&id);
+        members.workers.remove(&id)
     }
 }
 
@@ -141,8 +174,9 @@ pub async fn follow(
         match change {
             None => return,
             Some(Change::Added(instance)) => {
+                let addition = pool.want(instance.instance_id);
                 let ctx = (pool.clone(), plane.clone(), forget.clone(), tracker.clone());
-                tracker.spawn(connect(instance, ctx));
+                tracker.spawn(connect(instance, addition, ctx));
             }
             Some(Change::Removed(id)) => remove(&pool, &plane, &tracker, id, "left discovery"),
         }
@@ -151,9 +185,14 @@ pub async fn follow(
 
 type Context = (Arc<Pool>, FrontendPlane, Forget, TaskTracker);
 
-/// Connects to a worker's request plane and adds it; forgets it (to be retried on the next
-/// scan) when that fails, and removes it when the connection is lost later.
-async fn connect(instance: crate::discovery::Instance, (pool, plane, forget, tracker): Context) {
+/// Connects to a worker's request plane and adds it, unless it left meanwhile; forgets it (to
+/// be retried on the next scan) when that fails, and removes it when the connection is lost
+/// later.
+async fn connect(
+    instance: crate::discovery::Instance,
+    addition: u64,
+    (pool, plane, forget, tracker): Context,
+) {
     let id = instance.instance_id;
     let Some(addr) = instance.address() else {
         tracing::warn!(instance = format!("{id:x}"), transport = ?instance.transport, "unusable worker address");
@@ -173,11 +212,18 @@ async fn connect(instance: crate::discovery::Instance, (pool, plane, forget, tra
         in_flight: AtomicU64::new(0),
         gone: CancellationToken::new(),
     });
-    pool.insert(entry.clone());
+    if !pool.insert(entry.clone(), addition) {
+        tracing::info!(instance = format!("{id:x}"), %addr, "worker left while it was being connected");
+        return;
+    }
     tracing::info!(instance = format!("{id:x}"), %addr, workers = pool.len(), "worker added");
     channel.lost().await;
     // Still this entry (not replaced by a newer record)? Then the worker is gone.
-    let current = pool.read().get(&id).is_some_and(|w| Arc::ptr_eq(w, &entry));
+    let current = pool
+        .read()
+        .workers
+        .get(&id)
+        .is_some_and(|w| Arc::ptr_eq(w, &entry));
     if current {
         remove(&pool, &plane, &tracker, id, "request plane connection lost");
         forget.forget(id).await;
@@ -201,4 +247,66 @@ pub fn remove(pool: &Pool, plane: &FrontendPlane, tracker: &TaskTracker, id: u64
         tokio::time::sleep(grace).await;
         entry.gone.cancel();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+    use crate::discovery::{Instance, Transport};
+
+    const BOUND: Duration = Duration::from_secs(20);
+
+    /// Discovery adds a worker and removes it before its request-plane connection is up
+    /// (the worker crashed right after registering, or its record expired): the connection
+    /// that completes afterwards must not make it routable again, and is closed. A
+    /// current-thread runtime makes the removal win the race every time: the connecting task
+    /// cannot run until `follow` has taken both changes.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_worker_that_left_while_being_connected_is_not_routed_to() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let instance = Instance {
+            namespace: "ns".into(),
+            component: "backend".into(),
+            endpoint: "generate".into(),
+            instance_id: 7,
+            transport: Transport::Tcp(listener.local_addr().unwrap().to_string()),
+        };
+        let config = response_plane::ResponsePlaneConfig::builder()
+            .host(Some("127.0.0.1".parse().unwrap()))
+            .build()
+            .unwrap();
+        let tracker = TaskTracker::new();
+        let plane = FrontendPlane::bind(config, tracker.clone()).await.unwrap();
+        let pool = Pool::new(REMOVAL_GRACE);
+        let (changes_tx, changes) = mpsc::channel(4);
+        changes_tx.send(Change::Added(instance)).await.unwrap();
+        changes_tx.send(Change::Removed(7)).await.unwrap();
+        let (forget, _forgotten) = Forget::channel();
+        let stop = CancellationToken::new();
+        let follow = follow(
+            pool.clone(),
+            plane.clone(),
+            changes,
+            forget,
+            tracker.clone(),
+            stop.clone(),
+        );
+        tracker.spawn(follow);
+        let (mut conn, _) = tokio::time::timeout(BOUND, listener.accept())
+            .await
+            .expect("the frontend connects")
+            .unwrap();
+        // The frontend closes the connection it no longer wants: the worker reads its end.
+        let mut byte = [0u8; 1];
+        let end = tokio::time::timeout(BOUND, conn.read(&mut byte)).await;
+        assert!(
+            matches!(end, Ok(Ok(0) | Err(_))),
+            "the connection to a worker that left stays open: {end:?}"
+        );
+        assert!(pool.is_empty(), "routable: {:?}", pool.ids());
+        stop.cancel();
+        plane.shutdown().await;
+    }
 }

@@ -18,6 +18,14 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The request field holding the endpoint's prompt.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Self::Chat => "messages",
+            Self::Completion => "prompt",
+        }
+    }
+
     /// The endpoint's label in metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -162,8 +170,8 @@ pub fn parse(
     let prompt_tokens = u32::try_from(prompt_tokens)
         .ok()
         .filter(|&t| t <= limits.context_tokens)
-        .ok_or_else(|| too_long(prompt_tokens, limits))?;
-    let limit = output_limit(&common, prompt_tokens, limits)?;
+        .ok_or_else(|| too_long(endpoint, prompt_tokens, limits))?;
+    let limit = output_limit(endpoint, &common, prompt_tokens, limits)?;
     let ignore_eos = common
         .ignore_eos
         .or_else(|| common.nvext.as_ref().and_then(|n| n.ignore_eos))
@@ -207,7 +215,12 @@ fn read_body(endpoint: Endpoint, body: &[u8]) -> Result<(Common, u64, u64), ApiE
 
 /// The most tokens the request may generate: what it asks (`max_completion_tokens`, else
 /// `max_tokens`), checked against the service's limit and the room left in the context.
-fn output_limit(common: &Common, prompt_tokens: u32, limits: Limits) -> Result<u32, ApiError> {
+fn output_limit(
+    endpoint: Endpoint,
+    common: &Common,
+    prompt_tokens: u32,
+    limits: Limits,
+) -> Result<u32, ApiError> {
     let asked = match (common.max_completion_tokens, common.max_tokens) {
         (Some(n), _) => Some((n, "max_completion_tokens")),
         (None, Some(n)) => Some((n, "max_tokens")),
@@ -242,7 +255,7 @@ fn output_limit(common: &Common, prompt_tokens: u32, limits: Limits) -> Result<u
         None => limits.max_tokens.min(room),
     };
     if limit == 0 {
-        return Err(too_long(u64::from(prompt_tokens), limits));
+        return Err(too_long(endpoint, u64::from(prompt_tokens), limits));
     }
     Ok(limit)
 }
@@ -251,13 +264,14 @@ fn bad_json(e: serde_json::Error) -> ApiError {
     ApiError::invalid(format!("invalid request body: {e}"), None)
 }
 
-fn too_long(prompt_tokens: u64, limits: Limits) -> ApiError {
+/// 400: the prompt fills the context; the error names the endpoint's prompt field.
+fn too_long(endpoint: Endpoint, prompt_tokens: u64, limits: Limits) -> ApiError {
     ApiError::invalid_code(
         format!(
             "this model's context is {} tokens; the prompt has {prompt_tokens}",
             limits.context_tokens
         ),
-        Some("messages"),
+        Some(endpoint.prompt_param()),
         "context_length_exceeded",
     )
 }
@@ -397,6 +411,31 @@ mod tests {
         let long = "word ".repeat(1990);
         let e = chat(serde_json::json!({"model": "m", "messages": [{"role": "user", "content": long}], "max_tokens": 100})).unwrap_err();
         assert_eq!(e.code, Some("context_length_exceeded"));
+    }
+
+    /// A prompt longer than the context is blamed on the field that holds it: `messages` for
+    /// a chat, `prompt` for a completion.
+    #[test]
+    fn a_prompt_over_the_context_names_the_endpoints_prompt_field() {
+        let long = "word ".repeat(usize::try_from(LIMITS.context_tokens).unwrap() + 10);
+        let msgs = serde_json::json!([{"role": "user", "content": long}]);
+        let e = chat(serde_json::json!({"model": "m", "messages": msgs})).unwrap_err();
+        assert_eq!(
+            (e.code, e.param),
+            (Some("context_length_exceeded"), Some("messages"))
+        );
+        let body = serde_json::json!({"model": "m", "prompt": long});
+        let e = parse(
+            Endpoint::Completion,
+            body.to_string().as_bytes(),
+            "m",
+            LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.param),
+            (Some("context_length_exceeded"), Some("prompt"))
+        );
     }
 
     #[test]

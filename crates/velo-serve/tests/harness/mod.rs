@@ -77,6 +77,7 @@ pub fn frontend_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -
         max_attempts: 3,
         removal_grace: Duration::from_secs(10),
         max_body_bytes: 1 << 20,
+        http_limits: velo_serve::frontend::http::HttpLimits::default(),
         service: service(Role::Frontend, plane),
         plane_thread: false,
         discovery,

@@ -1,0 +1,141 @@
+//! The HTTP server's own bounds: connections served at once, how long a client may take to
+//! send its request's headers and its body. Without them a client that opens connections and
+//! sends nothing (or a byte a minute) holds a task, a socket and a buffer each, for ever.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::openai::ApiError;
+
+/// HTTP connections served at once by default; more wait in the kernel's accept queue.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// How long a client has to send a request's headers by default (also how long an idle
+/// kept-alive connection waits for its next request).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client has to send a request's body by default.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the accept loop pauses after an accept error (out of file descriptors: retrying
+/// at once would spin).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The HTTP server's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's body.
+    pub body_read_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+        }
+    }
+}
+
+/// Serves `app` on `listener` within `limits` until `stop`, then lets open connections finish
+/// their requests (the caller bounds that wait on `tracker`).
+pub(super) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    loop {
+        // Cancel safety: a permit or a connection not yet taken is simply not taken.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = stop.cancelled() => break,
+        };
+        let Ok(slot) = slot else { break };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = stop.cancelled() => break,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot accept an HTTP connection");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it
+        // until the client's delayed ACK (~40 ms on Linux), which serve-bench saw as TTFT.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+        }
+        let service = TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        tracker.spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "HTTP connection ended in error");
+            }
+            drop(slot);
+        });
+    }
+    // Open connections finish the request in flight and close.
+    graceful.shutdown().await;
+}
+
+/// The request's body, read within `limits.body_read_timeout` and `max_bytes`.
+///
+/// # Errors
+///
+/// 413 naming the limit, 408 when the body is late, 400 when it cannot be read.
+pub(super) async fn read_body(
+    body: Body,
+    max_bytes: usize,
+    limits: HttpLimits,
+) -> Result<Bytes, ApiError> {
+    let within = limits.body_read_timeout;
+    let read = tokio::time::timeout(within, Limited::new(body, max_bytes).collect()).await;
+    match read {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::invalid(
+                format!(
+                    "the request body is larger than this server's limit of {max_bytes} bytes \
+                     (max_body_bytes)"
+                ),
+                None,
+            )
+        }),
+        Ok(Err(e)) => Err(ApiError::invalid(
+            format!("cannot read the request body: {e}"),
+            None,
+        )),
+        Err(_) => Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            ..ApiError::invalid(
+                format!("the request body did not arrive within {within:?}"),
+                None,
+            )
+        }),
+    }
+}

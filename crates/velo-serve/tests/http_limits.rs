@@ -1,0 +1,107 @@
+//! The HTTP server's own bounds, against clients that send too little, too late or too much:
+//! each is answered or cut within its bound, never held for ever.
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::{BOUND, Cluster};
+use response_plane::Plane;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A frontend (no workers) whose header and body timeouts are `timeout`.
+async fn frontend(timeout: Duration) -> Cluster {
+    Cluster::start(Plane::Velo, 0, |f| {
+        f.http_limits.header_read_timeout = timeout;
+        f.http_limits.body_read_timeout = timeout;
+    })
+    .await
+}
+
+/// Everything the server sends on `conn` until it closes it (bounded).
+async fn until_closed(conn: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(BOUND, conn.read_to_end(&mut answer)).await;
+    // A reset after the answer is a close too.
+    assert!(
+        read.is_ok(),
+        "the server still holds the connection after {BOUND:?}"
+    );
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let c = frontend(Duration::from_millis(300)).await;
+    let mut conn = TcpStream::connect(c.addr()).await.unwrap();
+    conn.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let answer = until_closed(&mut conn).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_408() {
+    let c = frontend(Duration::from_millis(300)).await;
+    let mut conn = TcpStream::connect(c.addr()).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\
+                Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":";
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let answer = until_closed(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("\"error\""),
+        "an OpenAI error object: {answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_answered_413_naming_the_limit() {
+    let c = frontend(Duration::from_secs(10)).await;
+    let limit = c.frontend.state().config.max_body_bytes;
+    let mut conn = TcpStream::connect(c.addr()).await.unwrap();
+    let len = limit + 1;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // The body goes out while the answer is read: the server answers as soon as the limit
+    // is passed, and closes the connection with the rest unread.
+    let (mut read, mut write) = conn.into_split();
+    let body = tokio::spawn(async move {
+        let _ = write.write_all(&vec![b' '; len]).await;
+        write
+    });
+    let mut answer = Vec::new();
+    let done = tokio::time::timeout(BOUND, read.read_to_end(&mut answer)).await;
+    assert!(done.is_ok(), "the server still holds the connection");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains(&format!("{limit} bytes")) && answer.contains("max_body_bytes"),
+        "{answer}"
+    );
+    drop(body);
+}
+
+/// What a client that asks for a path or a method this server does not serve gets: an
+/// OpenAI error object with 404 or 405, as for every other error, not an empty body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_and_methods_get_openai_error_objects() {
+    let c = frontend(Duration::from_secs(10)).await;
+    let (status, body) = c.get("/v1/embeddings").await;
+    assert_eq!(status, 404, "{body}");
+    let error = harness::json(&body);
+    assert_eq!(error["error"]["type"], "not_found_error", "{body}");
+    assert!(body.contains("/v1/embeddings"), "{body}");
+    let (status, body) = c.get("/v1/chat/completions").await;
+    assert_eq!(status, 405, "{body}");
+    let error = harness::json(&body);
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");
+}
