@@ -17,6 +17,11 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
+/// Messages a lane holds at most behind one whose payload has not landed, whatever their
+/// size: the lane's byte bound alone would let a peer queue millions of empty or one-byte
+/// messages (each a slot and an allocation) behind a rendezvous it never lets complete.
+pub(crate) const MAX_HELD: usize = 65_536;
+
 /// Why a lane's receive order broke: always the peer's fault (or a UCX ordering change), and
 /// fatal to the lane.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +48,13 @@ pub(crate) enum ReorderError {
         /// The limit.
         max: usize,
     },
+    /// The peer sent more messages behind one still waiting for its payload than a lane
+    /// holds.
+    #[error("more than {max} active messages held behind a rendezvous still in flight")]
+    TooManyHeld {
+        /// The limit ([`MAX_HELD`]).
+        max: usize,
+    },
     /// A completion names a message that is not waiting.
     #[error("completion for active message {seq}, which is not waiting for its payload")]
     NotWaiting {
@@ -61,6 +73,8 @@ pub(crate) struct Reorder {
     slots: VecDeque<Slot>,
     /// Bytes held in `slots` (a waiting slot counts its announced length).
     queued: usize,
+    /// Slots still waiting for their payload.
+    waiting: usize,
     /// Whether a fin arrived (no message may follow it).
     fin_arrived: bool,
     /// Largest message accepted.
@@ -81,6 +95,7 @@ impl Reorder {
             head_seq: 0,
             slots: VecDeque::new(),
             queued: 0,
+            waiting: 0,
             fin_arrived: false,
             max_message,
         }
@@ -93,10 +108,7 @@ impl Reorder {
 
     /// Messages whose payload is still on its way.
     pub(crate) fn waiting(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| matches!(s, Slot::Waiting(_)))
-            .count()
+        self.waiting
     }
 
     /// An eager message `seq` whose payload is `data`: appended to `out` at once when nothing
@@ -124,6 +136,7 @@ impl Reorder {
     pub(crate) fn on_rndv(&mut self, seq: u64, len: usize) -> Result<(), ReorderError> {
         self.arrive(seq, len)?;
         self.queued += len;
+        self.waiting += 1;
         self.slots.push_back(Slot::Waiting(len));
         Ok(())
     }
@@ -161,6 +174,7 @@ impl Reorder {
         };
         // A short payload counts for what arrived; the announced length was reserved.
         self.queued = self.queued - announced + data.len();
+        self.waiting -= 1;
         *slot = Slot::Ready(data);
         Ok(self.drain(out))
     }
@@ -180,6 +194,10 @@ impl Reorder {
                 len,
                 max: self.max_message,
             });
+        }
+        // Only a message that would take a slot counts: with none held it passes at once.
+        if self.slots.len() >= MAX_HELD {
+            return Err(ReorderError::TooManyHeld { max: MAX_HELD });
         }
         self.next_seq += 1;
         Ok(())
@@ -291,6 +309,28 @@ mod tests {
             r.on_complete(9, Bytes::new(), &mut out),
             Err(ReorderError::NotWaiting { seq: 9 })
         );
+    }
+
+    /// A peer that queues empty messages behind a rendezvous it never lets complete holds no
+    /// bytes, but every message is a slot: past [`MAX_HELD`] the lane breaks instead of the
+    /// FIFO growing without bound.
+    #[test]
+    fn messages_held_behind_a_rendezvous_are_bounded_in_number_not_only_in_bytes() {
+        let mut r = Reorder::new(MAX);
+        let mut out = BytesMut::new();
+        r.on_rndv(0, 8).unwrap();
+        let max = u64::try_from(MAX_HELD).unwrap();
+        let mut seq = 1;
+        let outcome = loop {
+            match r.on_eager(seq, b"", &mut out) {
+                Ok(_) if seq <= 2 * max => seq += 1,
+                other => break other,
+            }
+        };
+        assert_eq!(outcome, Err(ReorderError::TooManyHeld { max: MAX_HELD }));
+        assert_eq!(seq, max, "the rendezvous and MAX_HELD - 1 more");
+        assert_eq!(r.queued_bytes(), 8);
+        assert_eq!(r.waiting(), 1);
     }
 
     #[test]
