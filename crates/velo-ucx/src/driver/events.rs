@@ -253,15 +253,7 @@ mod late_events {
     /// meanwhile. The stale failure must not end B.
     #[tokio::test]
     async fn a_stale_failed_receive_leaves_the_lane_that_reuses_its_slot_alone() {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (mut d, _, _) = Driver::new(
-            &UcxConfig::loopback(),
-            None,
-            rx,
-            tx.downgrade(),
-            Arc::new(Counters::default()),
-        )
-        .expect("a UCX worker");
+        let (mut d, _tx) = test_driver();
         // Nothing listens there; a failure to connect would only come as a later event.
         let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let ep_a = d.worker.connect(addr).unwrap();

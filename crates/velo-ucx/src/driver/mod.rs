@@ -301,3 +301,14 @@ struct Driver {
     /// Declared last: dropped after the lanes above are failed (see Drop).
     worker: Worker,
 }
+
+/// A driver on loopback that listens nowhere, for the driver's own stories, and the sender of
+/// its commands (the driver holds only a weak one).
+#[cfg(test)]
+fn test_driver() -> (Driver, mpsc::UnboundedSender<Command>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let counters = Arc::new(Counters::default());
+    let (d, _, _) = Driver::new(&UcxConfig::loopback(), None, rx, tx.downgrade(), counters)
+        .expect("a UCX worker");
+    (d, tx)
+}

@@ -391,15 +391,7 @@ mod busy_close {
         )
         .expect("a UCX worker");
         let port = peer.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (mut d, _, _) = Driver::new(
-            &UcxConfig::loopback(),
-            None,
-            rx,
-            tx.downgrade(),
-            Arc::new(Counters::default()),
-        )
-        .expect("a UCX worker");
+        let (mut d, tx) = test_driver();
         let ep = d
             .worker
             .connect(SocketAddr::from(([127, 0, 0, 1], port)))
