@@ -47,6 +47,9 @@ pub(crate) struct ClassicControl {
     /// When the writer last wrote, in ms after the stream's epoch: heartbeats go out only
     /// after a third of the liveness bound without writes.
     last_write_ms: AtomicU64,
+    /// Writes made, counted under the connection's lock: a heartbeat that waited for the
+    /// lock goes out only if no write happened meanwhile.
+    writes: AtomicU64,
     /// The frontend refused the connection for a TLS mismatch (it requires TLS).
     mismatch: OnceLock<TlsMismatch>,
     /// The connection ended or failed without the frontend ending the stream: why.
@@ -364,12 +367,14 @@ impl ClassicWriter {
         // A TLS half may hold the record until flushed (a plaintext flush does nothing).
         let written = {
             let mut w = self.write.lock().await;
-            match w.write_all(&self.out).await {
+            let written = match w.write_all(&self.out).await {
                 Ok(()) => w.flush().await,
                 Err(e) => Err(e),
-            }
+            };
+            // Under the lock: a heartbeat waiting for it sees this write.
+            self.control.wrote(self.epoch);
+            written
         };
-        self.control.wrote(self.epoch);
         let Err(e) = written else { return Ok(()) };
         // A frontend that kills a stream sends KILL and closes: this write can fail before
         // the watcher has read the KILL. Its verdict decides (a broken connection ends its
@@ -523,10 +528,11 @@ async fn announce_abandoned(dial: &Dial, address: &StreamAddress) {
 }
 
 impl ClassicControl {
-    /// The writer wrote just now.
+    /// The writer wrote just now (called with the connection's lock held).
     fn wrote(&self, epoch: Instant) {
         let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_write_ms.store(ms, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -546,19 +552,24 @@ async fn heartbeats(
             continue;
         }
         let Some(write) = write.upgrade() else { break };
+        let writes = control.writes.load(Ordering::Relaxed);
         if control.finished.load(Ordering::Acquire) {
             break;
         }
         let mut w = write.lock().await;
-        // A write in progress when the lock was taken moved `last`: heartbeat only if not.
-        if control.last_write_ms.load(Ordering::Relaxed) == last_ms
+        // Checked again under the lock: the writer may have finished (its SENTINEL out, after
+        // which the frontend takes no byte) or written while this waited for the lock.
+        if control.finished.load(Ordering::Acquire) {
+            break;
+        }
+        if control.writes.load(Ordering::Relaxed) == writes
             && (w.write_all(&frame::header(HEARTBEAT, 0)).await.is_err()
                 || w.flush().await.is_err())
         {
             break;
         }
-        drop(w);
         control.wrote(epoch);
+        drop(w);
     }
     std::future::pending::<()>().await;
 }
@@ -716,5 +727,42 @@ mod tests {
         );
         assert_eq!(counters.classic_cancellations.get(), 0);
         dialer.stop();
+    }
+
+    /// The writer finishes (its SENTINEL written) while a heartbeat that fell due waits for
+    /// the connection's lock: once it gets the lock the heartbeat must see the stream is over
+    /// and write nothing, since the frontend reads any byte after the SENTINEL as a protocol
+    /// violation. Paused time, one thread: the interleaving is the story's, not the
+    /// scheduler's.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn no_heartbeat_follows_the_sentinel() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let to = listener.local_addr().unwrap();
+        let (dialed, accepted) = tokio::join!(TcpStream::connect(to), listener.accept());
+        let (_read, write) = Conn::Plain(dialed.unwrap()).into_split().unwrap();
+        let (mut frontend, _) = accepted.unwrap();
+        let control = Arc::new(ClassicControl::default());
+        let write = Arc::new(Mutex::new(write));
+        let (epoch, every) = (Instant::now(), Duration::from_secs(3));
+        // The writer is mid-write when the heartbeat falls due.
+        let mut guard = write.lock().await;
+        let heartbeat = tokio::spawn({
+            let (control, write) = (control.clone(), Arc::downgrade(&write));
+            async move { heartbeats(&control, &write, epoch, every).await }
+        });
+        tokio::time::sleep(every * 2).await;
+        // The writer finishes: the stream is over, its SENTINEL written, the lock released.
+        control.finished.store(true, Ordering::Release);
+        guard.write_all(&frame::header(SENTINEL, 0)).await.unwrap();
+        drop(guard);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        heartbeat.abort();
+        let _ = heartbeat.await;
+        drop(write); // the worker's sending side closes
+        let mut sent = Vec::new();
+        frontend.read_to_end(&mut sent).await.unwrap();
+        assert_eq!(sent, frame::header(SENTINEL, 0), "bytes after the SENTINEL");
     }
 }
