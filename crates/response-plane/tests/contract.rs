@@ -905,4 +905,8 @@ async fn an_item_the_frontend_cannot_decode_is_the_workers_error_not_a_cancellat
     );
     assert!(!err.is_cancelled() && err.is_remote());
     assert_eq!(s.worker.stats().stream_errors, 1);
+    // A stream the frontend took is no refusal: it costs its connection nothing of the churn
+    // budget (which closes a lane, every stream on it, when spent).
+    let mux = s.frontend.stats().mux;
+    assert_eq!((mux.streams_refused, mux.churn), (0, 0));
 }

@@ -124,7 +124,9 @@ impl Mux {
 
     /// Frontend: ends the stream now (hard cancel, or refusal of an OPEN with `code`
     /// [`CancelCode::REFUSED`]). Queued items are dropped; the worker is told with CANCEL and
-    /// records still in flight are dropped as stale when they arrive.
+    /// records still in flight are dropped as stale when they arrive. A code other than
+    /// [`CancelCode::CANCELLED`] on a stream not answered yet is a refusal (counted, and churn);
+    /// on one already accepted (an item it could not read: `PROTOCOL_ERROR`) it is neither.
     pub fn cancel(&mut self, now: Instant, key: StreamKey, code: CancelCode) {
         let Some(s) = self.streams.get_mut(key) else {
             return;
@@ -145,9 +147,9 @@ impl Mux {
         }
         r.queue.clear();
         r.final_queued = false;
-        r.answered = true;
+        let accepted = std::mem::replace(&mut r.answered, true);
         self.answered(key);
-        let refused = code != CancelCode::CANCELLED;
+        let refused = code != CancelCode::CANCELLED && !accepted;
         if refused {
             self.stats.streams_refused += 1;
         }

@@ -45,6 +45,8 @@ fn open(slot: u32, prologue: &[u8]) -> Record {
 #[test]
 fn opens_the_frontend_refuses_close_the_lane_past_the_churn_limit() {
     let mut pair = pair();
+    // Refused: never taken (a stream the frontend accepted and then dropped is no refusal).
+    pair.auto_accept = false;
     for slot in 0..8 {
         inject(&mut pair, LaneId(0), &[open(slot, PROLOGUE)]).unwrap();
         let key = pair.frontend_key(u64::from(slot));
@@ -216,4 +218,20 @@ fn released_receive_queues_are_reused_by_the_next_streams_and_a_burst_keeps_at_m
     pair.frontend.release(pair.now, key);
     pair.frontend.give_queue(reader);
     assert_eq!(pair.frontend.spare_queue_count(), kept + 1);
+}
+
+/// Streams the frontend took and then dropped with a code other than `cancelled` (an item it
+/// could not decode: `protocol_error`) cost the worker's connection nothing: however many,
+/// they are no refusals and no churn, and the lane stays up for the streams beside them.
+#[test]
+fn streams_the_frontend_took_and_dropped_for_their_items_are_not_churn() {
+    let mut pair = pair();
+    for slot in 0..2 * LIMIT.burst {
+        inject(&mut pair, LaneId(0), &[open(slot, PROLOGUE)]).unwrap();
+        let key = pair.frontend_key(u64::from(slot));
+        pair.frontend.cancel(pair.now, key, CancelCode::PROTOCOL_ERROR);
+    }
+    let stats = pair.frontend.stats();
+    assert_eq!((stats.churn, stats.streams_refused), (0, 0));
+    assert!(pair.frontend.is_connected());
 }
