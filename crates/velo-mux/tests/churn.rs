@@ -229,7 +229,8 @@ fn streams_the_frontend_took_and_dropped_for_their_items_are_not_churn() {
     for slot in 0..2 * LIMIT.burst {
         inject(&mut pair, LaneId(0), &[open(slot, PROLOGUE)]).unwrap();
         let key = pair.frontend_key(u64::from(slot));
-        pair.frontend.cancel(pair.now, key, CancelCode::PROTOCOL_ERROR);
+        pair.frontend
+            .cancel(pair.now, key, CancelCode::PROTOCOL_ERROR);
     }
     let stats = pair.frontend.stats();
     assert_eq!((stats.churn, stats.streams_refused), (0, 0));

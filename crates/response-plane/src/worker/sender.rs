@@ -180,29 +180,35 @@ impl<T: Serialize> ResponseSender<T> {
 
     async fn prologue(&mut self, result: Result<(), TypedError>) -> Result<(), ResponseError> {
         let json = prologue::encode(&result);
-        match std::mem::replace(&mut self.kind, Kind::Done) {
-            Kind::VeloReady {
-                peer,
-                target,
-                ticket,
-                token,
-            } => {
-                let token = velo_wire::Token(token);
-                let stream = match target.open(&peer, ticket, &token, &json).await {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        self.context.set(Watch::Never);
-                        return Err(e);
-                    }
-                };
-                self.context.set(Watch::Velo(stream.watch()));
-                if result.is_err() {
-                    stream.finish(Bytes::new()).await.map_err(stream_error)?;
-                } else {
-                    self.kind = Kind::Velo(stream);
+        if let Kind::VeloReady {
+            peer,
+            target,
+            ticket,
+            token,
+        } = &self.kind
+        {
+            // The parts stay in `self` until the open is done (it may prepare a new
+            // connection): a caller that gives up on this future (a timeout, a select) drops
+            // the sender with them, and its drop announces the stream abandoned.
+            let token = velo_wire::Token(*token);
+            let opened = target.open(peer, *ticket, &token, &json).await;
+            self.kind = Kind::Done;
+            let stream = match opened {
+                Ok(stream) => stream,
+                Err(e) => {
+                    self.context.set(Watch::Never);
+                    return Err(e);
                 }
-                Ok(())
+            };
+            self.context.set(Watch::Velo(stream.watch()));
+            if result.is_err() {
+                stream.finish(Bytes::new()).await.map_err(stream_error)?;
+            } else {
+                self.kind = Kind::Velo(stream);
             }
+            return Ok(());
+        }
+        match std::mem::replace(&mut self.kind, Kind::Done) {
             Kind::Classic(mut w) => {
                 w.prologue(&json).await?;
                 if result.is_err() {
@@ -431,6 +437,34 @@ mod tests {
             .await
             .expect("stopped() resolves");
         assert!(ctx.is_killed() && ctx.is_stopped());
+        worker.close();
+        frontend.shutdown().await;
+    }
+
+    /// The engine gives up on its prologue while the stream is being opened on a fresh
+    /// connection (a timeout around `send_prologue`), then drops the sender: the stream is
+    /// still announced abandoned and still reads as killed to its engine.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prologue_given_up_while_reconnecting_still_abandons_the_stream() {
+        let (frontend, worker, pending, mut tx) = connected_then_going_away().await;
+        let ctx = tx.context();
+        {
+            let prologue = tx.send_prologue(Ok(()));
+            tokio::pin!(prologue);
+            // The first poll starts the new connection: it cannot be ready yet.
+            assert!(futures::FutureExt::now_or_never(prologue.as_mut()).is_none());
+        }
+        drop(tx);
+        tokio::time::timeout(BOUND, ctx.killed())
+            .await
+            .expect("killed() resolves");
+        let r = tokio::time::timeout(BOUND, pending.established())
+            .await
+            .expect("the frontend learns the stream is abandoned");
+        assert!(
+            matches!(r, Err(ResponseError::Disconnected(Disconnect::Abandoned))),
+            "{r:?}"
+        );
         worker.close();
         frontend.shutdown().await;
     }
