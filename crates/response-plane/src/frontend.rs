@@ -120,6 +120,7 @@ impl FrontendPlane {
                         crate::classic::CLASSIC_HANDSHAKES_PER_SOURCE,
                     ),
                     stop: tokio_util::sync::CancellationToken::new(),
+                    tracker: tracker.clone(),
                 };
                 let f = ClassicFrontend::bind(bind, accept, tracker.clone())
                     .await

@@ -378,3 +378,28 @@ async fn a_reader_that_pauses_past_the_liveness_bound_loses_nothing() {
         .unwrap()
         .unwrap();
 }
+
+/// As above, but the application holds its stream without reading it (a consumer that is
+/// backpressured): the plane's stop still ends the stream's connection, so its worker stops
+/// generating instead of sending to a frontend that has shut down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_ends_the_classic_streams_nobody_reads() {
+    let idle = Duration::from_secs(600);
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
+    let (info, pending) = frontend
+        .register::<u32>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = within("connect", worker.connect::<u32>(&info))
+        .await
+        .unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let ctx = tx.context();
+    let rx = within("established", pending.established()).await.unwrap();
+    frontend.abort();
+    within("the worker's engine is told", ctx.killed()).await;
+    drop(rx);
+    worker.close();
+}

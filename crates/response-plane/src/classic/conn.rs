@@ -69,6 +69,18 @@ impl Conn {
 }
 
 impl ConnRead {
+    /// A second handle on the connection's socket (to shut it down from elsewhere).
+    ///
+    /// # Errors
+    ///
+    /// Duplicating the handle failed (out of file descriptors).
+    pub(crate) fn socket(&self) -> io::Result<socket2::Socket> {
+        match self {
+            Self::Plain(r) => socket2::SockRef::from(r.as_ref()).try_clone(),
+            Self::Tls { socket, .. } => socket.try_clone(),
+        }
+    }
+
     /// Shuts the whole connection down, both ways (the plane is stopping).
     pub(crate) fn shutdown(&self) {
         let r = match self {

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::{CancellationToken, DropGuard, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
 use super::conn::{Conn, ConnRead, ConnWrite};
@@ -79,6 +79,8 @@ pub(crate) struct Accept {
     /// Cancelled when the plane shuts down or aborts: the accept loop ends, and so does every
     /// stream, named or not.
     pub(crate) stop: CancellationToken,
+    /// Where each established stream's closer waits for `stop`.
+    pub(crate) tracker: TaskTracker,
 }
 
 impl ClassicFrontend {
@@ -227,6 +229,7 @@ async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
                 max,
                 idle: liveness,
                 plane_stop: accept.stop.clone(),
+                tracker: accept.tracker.clone(),
             };
             // If the pending handle went away meanwhile the connection is dropped: the
             // worker sees its end.
@@ -334,6 +337,8 @@ pub(crate) struct Incoming {
     idle: Duration,
     /// The plane's stop: the stream ends with it.
     plane_stop: CancellationToken,
+    /// Where the stream's closer runs.
+    tracker: TaskTracker,
 }
 
 /// How a classic stream ends when its frontend plane shuts down or aborts under it.
@@ -342,6 +347,30 @@ fn plane_stopped() -> ResponseError {
         std::io::ErrorKind::ConnectionAborted,
         "the frontend's response plane shut down",
     )))
+}
+
+/// Shuts the connection of `read` down both ways when the plane stops (its worker then stops
+/// generating), whether or not the application still reads the stream: a task on `tracker`,
+/// ended by the returned guard when the stream is dropped.
+fn close_on_stop(
+    read: &ConnRead,
+    plane_stop: CancellationToken,
+    tracker: &TaskTracker,
+) -> std::io::Result<DropGuard> {
+    let socket = read.socket()?;
+    let done = CancellationToken::new();
+    let ended = done.clone();
+    tracker.spawn(async move {
+        tokio::select! {
+            () = plane_stop.cancelled() => {
+                if let Err(e) = socket.shutdown(std::net::Shutdown::Both) {
+                    tracing::debug!(error = %e, "closing a classic stream at the plane's stop failed");
+                }
+            }
+            () = ended.cancelled() => {}
+        }
+    });
+    Ok(done.drop_guard())
 }
 
 impl Incoming {
@@ -363,6 +392,8 @@ impl Incoming {
             .stream
             .into_split()
             .map_err(|e| ResponseError::lost(Cause::io(e)))?;
+        let closer = close_on_stop(&read, self.plane_stop.clone(), &self.tracker)
+            .map_err(|e| ResponseError::lost(Cause::io(e)))?;
         Ok(ClassicReader {
             read,
             write: Some(write),
@@ -373,6 +404,7 @@ impl Incoming {
             last_rx: Instant::now(),
             silence: Box::pin(tokio::time::sleep(self.idle)),
             plane_stop: Box::pin(self.plane_stop.cancelled_owned()),
+            _closer: closer,
         })
     }
 }
@@ -393,6 +425,8 @@ pub(crate) struct ClassicReader {
     silence: Pin<Box<Sleep>>,
     /// The plane's stop: the stream ends with it.
     plane_stop: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Ends the stream's closer when the stream is dropped.
+    _closer: DropGuard,
 }
 
 impl ClassicReader {
@@ -521,6 +555,7 @@ mod tests {
             counters: Arc::default(),
             handshakes: HandshakeBudget::new(CLASSIC_HANDSHAKES, CLASSIC_HANDSHAKES_PER_SOURCE),
             stop: CancellationToken::new(),
+            tracker: tracker.clone(),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let (ticket, token, rx) = registry.register().unwrap();
@@ -554,6 +589,7 @@ mod tests {
             counters: counters.clone(),
             handshakes: HandshakeBudget::new(3, 2),
             stop: CancellationToken::new(),
+            tracker: tracker.clone(),
         };
         let f = ClassicFrontend::bind(addr, accept, tracker).await.unwrap();
         let from = |ip: [u8; 4]| {

@@ -634,7 +634,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn worker_sockets_give_up_on_a_vanished_frontend_within_the_liveness_bound() {
+    async fn worker_sockets_bound_idle_peers_by_liveness_and_stalled_sends_by_their_own_bound() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let bound = Duration::from_secs(9);
         let counters = Arc::default();
