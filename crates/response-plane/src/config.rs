@@ -344,13 +344,11 @@ impl ResponsePlaneConfigBuilder {
     /// keep live ones talking). Every TCP socket of either plane gives up on a peer that
     /// vanished without a FIN or RST within it: `TCP_USER_TIMEOUT` for unacknowledged data,
     /// keepalive probes from a third of it on for idle connections (a live but quiet peer
-    /// answers them and is never cut). One exception: a classic worker's socket holds data its
-    /// frontend does not take for up to 600 s (`TCP_USER_TIMEOUT` also ends a connection whose
-    /// window stays closed, and a frontend application may pause reading a stream for long),
-    /// so a frontend host that vanishes while the worker is sending is noticed there within
-    /// 600 s, not within this bound; the frontend side still notices a silent worker within
-    /// it. A classic worker whose stream ended waits at most this long for the frontend to
-    /// close the connection before it stops watching.
+    /// answers them and is never cut). `TCP_USER_TIMEOUT` also ends a connection whose window
+    /// stays closed this long: on the classic plane a frontend application that stops reading
+    /// a stream for longer loses it (`Disconnected`; velo lanes are always read, a paused
+    /// stream only holds its credit). A classic worker whose stream ended waits at most this
+    /// long for the frontend to close the connection before it stops watching.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.0.idle_timeout = timeout;
         self

@@ -317,6 +317,7 @@ pub(crate) struct Security {
 impl Security {
     /// A frontend's: refuses a configuration whose workers expect TLS this frontend lacks.
     pub(crate) fn frontend(config: &crate::ResponsePlaneConfig) -> Result<Self, ConfigError> {
+        warn_if_secret_unused(config);
         let tcp = uses_tcp(config);
         if tcp {
             config.tls().check_frontend()?;
@@ -331,6 +332,7 @@ impl Security {
     /// A worker's: refuses a configuration whose frontends serve TLS this worker cannot
     /// verify, or require a certificate it lacks.
     pub(crate) fn worker(config: &crate::ResponsePlaneConfig) -> Result<Self, ConfigError> {
+        warn_if_secret_unused(config);
         let tcp = uses_tcp(config);
         if tcp {
             config.tls().check_worker()?;
@@ -363,6 +365,18 @@ impl Security {
             files.extend(c.files().into_iter().map(Path::to_owned));
         }
         files
+    }
+}
+
+/// The classic plane has no connection handshake to carry the cluster secret: a user who set
+/// it must not believe its workers are authenticated by it.
+fn warn_if_secret_unused(config: &crate::ResponsePlaneConfig) {
+    if config.plane() == crate::Plane::Classic && config.secret_path().is_some() {
+        tracing::warn!(
+            "DYN_VELO_CLUSTER_SECRET_PATH is set but the classic plane (DYN_RESPONSE_PLANE=tcp) \
+             does not use it: a classic stream is claimed by its address's one-time token (and \
+             mutual TLS when DYN_TCP_TLS_* require client certificates), not by the secret"
+        );
     }
 }
 

@@ -338,12 +338,12 @@ async fn abort_stops_the_classic_listener() {
     .await;
 }
 
-/// A frontend application that stops reading a classic stream for a while (its HTTP client
-/// is slow, a consumer paused) while the worker has plenty to send: the worker's sends wait
-/// on a full window, and the stream resumes intact when the reader does, however long past
-/// the liveness bound the pause lasts. The pause is the scenario: time passing.
+/// A frontend application that stops reading a classic stream for longer than the liveness
+/// bound while its worker has plenty to send: the worker's kernel gives up on the closed
+/// window (`TCP_USER_TIMEOUT`, the same bound that notices a vanished frontend), and both
+/// sides are told the stream is lost; nothing hangs. The pause is the scenario: time passing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reader_that_pauses_past_the_liveness_bound_loses_nothing() {
+async fn a_reader_that_pauses_past_the_liveness_bound_loses_its_stream_on_both_sides() {
     let idle = Duration::from_secs(1);
     let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
         .await
@@ -368,15 +368,22 @@ async fn a_reader_that_pauses_past_the_liveness_bound_loses_nothing() {
     let mut rx = within("established", pending.established()).await.unwrap();
     tokio::time::sleep(idle * 5).await;
     let mut got = 0;
-    while let Some(item) = within("an item", rx.next()).await {
-        assert_eq!(item.unwrap().len(), 64 * 1024);
-        got += 1;
-    }
-    assert_eq!(got, ITEMS);
-    within("the worker finished", sender)
-        .await
-        .unwrap()
-        .unwrap();
+    let end = loop {
+        match within("an item or the end", rx.next()).await {
+            Some(Ok(_)) => got += 1,
+            other => break other,
+        }
+    };
+    assert!(got < ITEMS, "the stream survived a pause past the bound");
+    assert!(
+        matches!(end, Some(Err(ResponseError::Disconnected(_)))),
+        "{end:?}"
+    );
+    let sent = within("the worker is told", sender).await.unwrap();
+    assert!(
+        matches!(sent, Err(ResponseError::Disconnected(_))),
+        "{sent:?}"
+    );
 }
 
 /// As above, but the application holds its stream without reading it (a consumer that is
@@ -400,6 +407,17 @@ async fn abort_ends_the_classic_streams_nobody_reads() {
     let rx = within("established", pending.established()).await.unwrap();
     frontend.abort();
     within("the worker's engine is told", ctx.killed()).await;
+    // Told as a kill (the frontend ended it), not as a lost connection.
+    let err = within("a send after the stop fails", async {
+        loop {
+            if let Err(e) = tx.send(&1).await {
+                break e;
+            }
+        }
+    })
+    .await;
+    assert!(err.is_cancelled(), "{err}");
+    assert_eq!(worker.stats().classic_cancellations, 1);
     drop(rx);
     worker.close();
 }

@@ -125,8 +125,9 @@ impl Mux {
     /// Frontend: ends the stream now (hard cancel, or refusal of an OPEN with `code`
     /// [`CancelCode::REFUSED`]). Queued items are dropped; the worker is told with CANCEL and
     /// records still in flight are dropped as stale when they arrive. A code other than
-    /// [`CancelCode::CANCELLED`] on a stream not answered yet is a refusal (counted, and churn);
-    /// on one already accepted (an item it could not read: `PROTOCOL_ERROR`) it is neither.
+    /// [`CancelCode::CANCELLED`] on a stream not answered yet is a refusal (counted; churn too
+    /// while the stream is live); on one already accepted (an item it could not read:
+    /// `PROTOCOL_ERROR`) it is neither.
     pub fn cancel(&mut self, now: Instant, key: StreamKey, code: CancelCode) {
         let Some(s) = self.streams.get_mut(key) else {
             return;

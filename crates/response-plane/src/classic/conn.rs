@@ -69,18 +69,6 @@ impl Conn {
 }
 
 impl ConnRead {
-    /// A second handle on the connection's socket (to shut it down from elsewhere).
-    ///
-    /// # Errors
-    ///
-    /// Duplicating the handle failed (out of file descriptors).
-    pub(crate) fn socket(&self) -> io::Result<socket2::Socket> {
-        match self {
-            Self::Plain(r) => socket2::SockRef::from(r.as_ref()).try_clone(),
-            Self::Tls { socket, .. } => socket.try_clone(),
-        }
-    }
-
     /// Shuts the whole connection down, both ways (the plane is stopping).
     pub(crate) fn shutdown(&self) {
         let r = match self {
@@ -107,6 +95,19 @@ impl ConnWrite {
                 let _ = Pin::new(&mut *w).poll_write(&mut cx, bytes);
                 let _ = Pin::new(&mut *w).poll_flush(&mut cx);
             }
+        }
+    }
+
+    /// Shuts the whole connection down, both ways (the plane is stopping), from this half.
+    pub(crate) fn shutdown_both(&self) {
+        let r = match self {
+            Self::Plain(w) => socket2::SockRef::from(w.as_ref()).shutdown(std::net::Shutdown::Both),
+            Self::Tls { socket, .. } => socket.shutdown(std::net::Shutdown::Both),
+        };
+        if let Err(e) = r
+            && e.kind() != io::ErrorKind::NotConnected
+        {
+            tracing::debug!(error = %e, "shutting a classic connection down failed");
         }
     }
 

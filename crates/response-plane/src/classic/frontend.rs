@@ -160,7 +160,7 @@ async fn handshake(stream: TcpStream, accept: Accept, place: HandshakeTicket) {
     let (max, liveness) = (accept.max, accept.liveness);
     let refused = &accept.counters.arrivals_refused;
     let _ = stream.set_nodelay(true);
-    if let Err(e) = set_liveness(&stream, liveness, liveness) {
+    if let Err(e) = set_liveness(&stream, liveness) {
         // Without it a vanished worker would hold this stream for ever: refuse it.
         tracing::debug!(error = %e, "cannot bound a classic connection's liveness");
         refused.inc();
@@ -349,28 +349,30 @@ fn plane_stopped() -> ResponseError {
     )))
 }
 
-/// Shuts the connection of `read` down both ways when the plane stops (its worker then stops
-/// generating), whether or not the application still reads the stream: a task on `tracker`,
-/// ended by the returned guard when the stream is dropped.
+/// When the plane stops, tells the worker of `write`'s stream to stop (KILL, best effort) and
+/// shuts its connection down both ways, whether or not the application still reads the
+/// stream: a task on `tracker`, ended by the returned guard when the stream is dropped. It
+/// holds the sending half weakly: a stream that ended cleanly (its half dropped) is left be.
 fn close_on_stop(
-    read: &ConnRead,
+    write: &Arc<ConnWrite>,
     plane_stop: CancellationToken,
     tracker: &TaskTracker,
-) -> std::io::Result<DropGuard> {
-    let socket = read.socket()?;
+) -> DropGuard {
+    let write = Arc::downgrade(write);
     let done = CancellationToken::new();
     let ended = done.clone();
     tracker.spawn(async move {
         tokio::select! {
             () = plane_stop.cancelled() => {
-                if let Err(e) = socket.shutdown(std::net::Shutdown::Both) {
-                    tracing::debug!(error = %e, "closing a classic stream at the plane's stop failed");
+                if let Some(write) = write.upgrade() {
+                    write.try_send(&frame::header(KILL, 0));
+                    write.shutdown_both();
                 }
             }
             () = ended.cancelled() => {}
         }
     });
-    Ok(done.drop_guard())
+    done.drop_guard()
 }
 
 impl Incoming {
@@ -392,8 +394,8 @@ impl Incoming {
             .stream
             .into_split()
             .map_err(|e| ResponseError::lost(Cause::io(e)))?;
-        let closer = close_on_stop(&read, self.plane_stop.clone(), &self.tracker)
-            .map_err(|e| ResponseError::lost(Cause::io(e)))?;
+        let write = Arc::new(write);
+        let closer = close_on_stop(&write, self.plane_stop.clone(), &self.tracker);
         Ok(ClassicReader {
             read,
             write: Some(write),
@@ -414,7 +416,7 @@ pub(crate) struct ClassicReader {
     read: ConnRead,
     /// Dropped (a FIN to the worker) once the stream ended cleanly: the worker's control
     /// watcher ends then, not when the application drops this stream.
-    write: Option<ConnWrite>,
+    write: Option<Arc<ConnWrite>>,
     buf: BytesMut,
     max: u32,
     ended: bool,
@@ -571,7 +573,7 @@ mod tests {
         let Conn::Plain(tcp) = &incoming.stream else {
             panic!("a plaintext connection");
         };
-        crate::classic::socket::assert_liveness(tcp, bound, bound);
+        crate::classic::socket::assert_liveness(tcp, bound);
         f.shutdown().await;
     }
 

@@ -17,7 +17,7 @@ use super::frame::{
     self, ACCEPTED, DATA, HANDSHAKE, HEARTBEAT, PROLOGUE, REQUIRES_TLS, SENTINEL, STOP,
 };
 use super::mismatch;
-use super::socket::{STALLED_SEND_BOUND, set_liveness};
+use super::socket::set_liveness;
 use crate::info::{StreamAddress, hex_token};
 use crate::stats::{Count, PlaneCounters};
 use crate::{Cause, Disconnect, ResponseError, TlsMismatch};
@@ -168,12 +168,7 @@ impl Dial {
             .map_err(|e| unreachable(Cause::io(e)))?;
         let io = |e| unreachable(Cause::io(e));
         stream.set_nodelay(true).map_err(io)?;
-        set_liveness(
-            &stream,
-            self.liveness,
-            STALLED_SEND_BOUND.max(self.liveness),
-        )
-        .map_err(io)?;
+        set_liveness(&stream, self.liveness).map_err(io)?;
         match &self.tls {
             None => Ok(Conn::Plain(stream)),
             Some(tls) => secure(stream, addr, tls).await.map_err(unreachable),
@@ -634,7 +629,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn worker_sockets_bound_idle_peers_by_liveness_and_stalled_sends_by_their_own_bound() {
+    async fn worker_sockets_give_up_on_a_vanished_frontend_within_the_liveness_bound() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let bound = Duration::from_secs(9);
         let counters = Arc::default();
@@ -642,12 +637,7 @@ mod tests {
         let to = address(listener.local_addr().unwrap());
         let (w, accepted) = tokio::join!(dialer.connect(&to), listener.accept());
         let (w, _frontend) = (w.unwrap(), accepted.unwrap());
-        let stalled_send = STALLED_SEND_BOUND;
-        crate::classic::socket::assert_liveness(
-            w.write.lock().await.tcp().unwrap(),
-            bound,
-            stalled_send,
-        );
+        crate::classic::socket::assert_liveness(w.write.lock().await.tcp().unwrap(), bound);
         dialer.stop();
     }
 
