@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use response_plane::{
-    ConnectionInfo, FrontendPlane, RegisterOptions, ResponseError, ResponsePlaneConfig, WorkerPlane,
+    ConnectionInfo, FrontendPlane, PendingResponse, RegisterOptions, ResponseError,
+    ResponsePlaneConfig, ResponseSender, WorkerPlane,
 };
 use tokio_util::task::TaskTracker;
 
@@ -71,6 +72,26 @@ async fn abort_ends_the_classic_watchers_while_a_frontend_holds_its_stream_open(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_ends_the_classic_watchers_while_a_frontend_holds_its_stream_open() {
     stopping_the_worker_plane_ends_its_classic_watchers(WorkerPlane::close).await;
+}
+
+/// A frontend and a worker on loopback with liveness bound `idle`, and one stream between
+/// them whose prologue went out: its sender and its pending handle.
+async fn one_stream<T: serde::Serialize + serde::de::DeserializeOwned>(
+    idle: Duration,
+) -> (
+    FrontendPlane,
+    WorkerPlane,
+    ResponseSender<T>,
+    PendingResponse<T>,
+) {
+    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
+        .await
+        .unwrap();
+    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
+    let (info, pending) = frontend.register::<T>(RegisterOptions::default()).unwrap();
+    let mut tx = within("connect", worker.connect::<T>(&info)).await.unwrap();
+    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    (frontend, worker, tx, pending)
 }
 
 /// A real frontend only mints a valid address; this points it at `fake` instead.
@@ -183,17 +204,7 @@ async fn a_silent_worker_ends_its_classic_streams_within_the_liveness_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_classic_stream_outlives_the_liveness_bound() {
     let idle = Duration::from_millis(300);
-    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
-        .await
-        .unwrap();
-    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
-    let (info, pending) = frontend
-        .register::<u32>(RegisterOptions::default())
-        .unwrap();
-    let mut tx = within("connect", worker.connect::<u32>(&info))
-        .await
-        .unwrap();
-    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let (_frontend, _worker, mut tx, pending) = one_stream::<u32>(idle).await;
     let mut rx = within("established", pending.established()).await.unwrap();
     // The scenario is time passing with nothing sent (a long prefill, a slow engine).
     tokio::time::sleep(idle * 4).await;
@@ -287,17 +298,7 @@ async fn stopping_the_frontend_plane_ends_its_classic_streams(
     stop: impl AsyncFnOnce(&FrontendPlane),
 ) {
     let idle = Duration::from_secs(600);
-    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
-        .await
-        .unwrap();
-    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
-    let (info, pending) = frontend
-        .register::<u32>(RegisterOptions::default())
-        .unwrap();
-    let mut tx = within("connect", worker.connect::<u32>(&info))
-        .await
-        .unwrap();
-    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let (frontend, worker, mut tx, pending) = one_stream::<u32>(idle).await;
     within("send", tx.send(&1)).await.unwrap();
     let mut rx = within("established", pending.established()).await.unwrap();
     assert_eq!(within("item", rx.next()).await, Some(Ok(1)));
@@ -345,17 +346,7 @@ async fn abort_stops_the_classic_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_pauses_past_the_liveness_bound_loses_its_stream_on_both_sides() {
     let idle = Duration::from_secs(1);
-    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
-        .await
-        .unwrap();
-    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
-    let (info, pending) = frontend
-        .register::<Vec<u8>>(RegisterOptions::default())
-        .unwrap();
-    let mut tx = within("connect", worker.connect::<Vec<u8>>(&info))
-        .await
-        .unwrap();
-    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let (_frontend, _worker, mut tx, pending) = one_stream::<Vec<u8>>(idle).await;
     // Far more than loopback's socket buffers hold: the window closes.
     const ITEMS: usize = 512;
     let item = vec![7u8; 64 * 1024];
@@ -392,17 +383,7 @@ async fn a_reader_that_pauses_past_the_liveness_bound_loses_its_stream_on_both_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_ends_the_classic_streams_nobody_reads() {
     let idle = Duration::from_secs(600);
-    let frontend = FrontendPlane::bind(config(idle), TaskTracker::new())
-        .await
-        .unwrap();
-    let worker = WorkerPlane::new(config(idle), TaskTracker::new()).unwrap();
-    let (info, pending) = frontend
-        .register::<u32>(RegisterOptions::default())
-        .unwrap();
-    let mut tx = within("connect", worker.connect::<u32>(&info))
-        .await
-        .unwrap();
-    within("prologue", tx.send_prologue(Ok(()))).await.unwrap();
+    let (frontend, worker, mut tx, pending) = one_stream::<u32>(idle).await;
     let ctx = tx.context();
     let rx = within("established", pending.established()).await.unwrap();
     frontend.abort();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use response_plane::{
-    ConfigError, ConnectionInfo, FrontendPlane, RegisterOptions, ResponseError,
-    ResponsePlaneConfig, StartError, TlsMismatch, WorkerPlane,
+    ConfigError, ConnectionInfo, FrontendPlane, PendingResponse, RegisterOptions, ResponseError,
+    ResponsePlaneConfig, ResponseSender, StartError, TlsMismatch, WorkerPlane,
 };
 use tokio_util::task::TaskTracker;
 use velo_tls::testing::TestPki;
@@ -591,9 +591,16 @@ async fn a_lost_classic_stream_at_a_tls_frontend_is_announced_over_tls() {
         .await;
 }
 
-/// Classic plane over mutual TLS with a liveness bound far beyond every wait here: nothing in
-/// these stories may rest on it.
-async fn classic_tls_pair(pki: &TestPki) -> (FrontendPlane, WorkerPlane, TaskTracker) {
+/// Classic plane over mutual TLS with a liveness bound far beyond every wait here (nothing in
+/// these stories may rest on it), and one stream whose worker sent its prologue and "one".
+async fn classic_tls_stream(
+    pki: &TestPki,
+) -> (
+    FrontendPlane,
+    WorkerPlane,
+    ResponseSender<String>,
+    PendingResponse<String>,
+) {
     let base = config(&mtls_env(pki, "tcp")).unwrap();
     let base = base
         .to_builder()
@@ -603,9 +610,17 @@ async fn classic_tls_pair(pki: &TestPki) -> (FrontendPlane, WorkerPlane, TaskTra
     let frontend = FrontendPlane::bind(base.clone(), TaskTracker::new())
         .await
         .unwrap();
-    let tracker = TaskTracker::new();
-    let worker = WorkerPlane::new(base, tracker.clone()).unwrap();
-    (frontend, worker, tracker)
+    let worker = WorkerPlane::new(base, TaskTracker::new()).unwrap();
+    let (info, pending) = frontend
+        .register::<String>(RegisterOptions::default())
+        .unwrap();
+    let mut tx = tokio::time::timeout(BOUND, worker.connect::<String>(&info))
+        .await
+        .unwrap()
+        .unwrap();
+    tx.send_prologue(Ok(())).await.unwrap();
+    tx.send(&"one".to_owned()).await.unwrap();
+    (frontend, worker, tx, pending)
 }
 
 /// Over TLS, as in plaintext, the frontend closes its sending side once a stream ended
@@ -615,17 +630,8 @@ async fn classic_tls_pair(pki: &TestPki) -> (FrontendPlane, WorkerPlane, TaskTra
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_classic_tls_stream_releases_the_workers_watcher_at_once() {
     let pki = TestPki::new();
-    let (frontend, worker, _tracker) = classic_tls_pair(&pki).await;
-    let (info, pending) = frontend
-        .register::<String>(RegisterOptions::default())
-        .unwrap();
-    let mut tx = tokio::time::timeout(BOUND, worker.connect::<String>(&info))
-        .await
-        .unwrap()
-        .unwrap();
+    let (frontend, worker, tx, pending) = classic_tls_stream(&pki).await;
     let ctx = tx.context();
-    tx.send_prologue(Ok(())).await.unwrap();
-    tx.send(&"one".to_owned()).await.unwrap();
     tokio::time::timeout(BOUND, tx.finish())
         .await
         .unwrap()
@@ -649,16 +655,7 @@ async fn a_finished_classic_tls_stream_releases_the_workers_watcher_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_classic_tls_stream_dropped_by_its_worker_ends_at_the_frontend_at_once() {
     let pki = TestPki::new();
-    let (frontend, worker, _tracker) = classic_tls_pair(&pki).await;
-    let (info, pending) = frontend
-        .register::<String>(RegisterOptions::default())
-        .unwrap();
-    let mut tx = tokio::time::timeout(BOUND, worker.connect::<String>(&info))
-        .await
-        .unwrap()
-        .unwrap();
-    tx.send_prologue(Ok(())).await.unwrap();
-    tx.send(&"one".to_owned()).await.unwrap();
+    let (frontend, worker, tx, pending) = classic_tls_stream(&pki).await;
     let mut rx = tokio::time::timeout(BOUND, pending.established())
         .await
         .unwrap()

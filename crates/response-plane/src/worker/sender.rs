@@ -401,6 +401,18 @@ mod tests {
         (frontend, worker, pending, tx)
     }
 
+    /// Waits (bounded) for `pending` to end, and checks the worker said it abandoned the
+    /// stream (retryable) rather than leaving the request to its establish timeout.
+    async fn abandoned(pending: crate::PendingResponse<u32>) {
+        let r = tokio::time::timeout(BOUND, pending.established())
+            .await
+            .expect("the frontend learns the stream is abandoned");
+        assert!(
+            matches!(r, Err(ResponseError::Disconnected(Disconnect::Abandoned))),
+            "{r:?}"
+        );
+    }
+
     /// The frontend drains the connection between the worker's connect and its prologue
     /// (a rolling restart, a lane rebalance): the stream opens on a fresh connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,13 +470,7 @@ mod tests {
         tokio::time::timeout(BOUND, ctx.killed())
             .await
             .expect("killed() resolves");
-        let r = tokio::time::timeout(BOUND, pending.established())
-            .await
-            .expect("the frontend learns the stream is abandoned");
-        assert!(
-            matches!(r, Err(ResponseError::Disconnected(Disconnect::Abandoned))),
-            "{r:?}"
-        );
+        abandoned(pending).await;
         worker.close();
         frontend.shutdown().await;
     }
@@ -475,13 +481,7 @@ mod tests {
     async fn a_stream_dropped_after_the_frontends_goaway_is_still_reported_abandoned() {
         let (frontend, worker, pending, tx) = connected_then_going_away().await;
         drop(tx);
-        let r = tokio::time::timeout(BOUND, pending.established())
-            .await
-            .expect("the frontend learns the stream is abandoned");
-        assert!(
-            matches!(r, Err(ResponseError::Disconnected(Disconnect::Abandoned))),
-            "{r:?}"
-        );
+        abandoned(pending).await;
         worker.close();
         frontend.shutdown().await;
     }
