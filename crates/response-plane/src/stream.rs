@@ -102,8 +102,11 @@ impl<T: DeserializeOwned> ResponseStream<T> {
     ) -> Poll<Option<Result<bytes::Bytes, ResponseError>>> {
         match &mut self.inner {
             Inner::Classic(r) => match r.poll_item(cx) {
-                // A quiet end after stop: the worker may close without its sentinel.
-                Poll::Ready(Some(Err(ResponseError::Disconnected(_)))) if self.stopped => {
+                // A quiet end after stop: the worker may close without its sentinel. Any
+                // other loss (a reset, this plane shutting down) is still one.
+                Poll::Ready(Some(Err(ResponseError::Disconnected(Disconnect::Closed))))
+                    if self.stopped =>
+                {
                     Poll::Ready(None)
                 }
                 other => other,

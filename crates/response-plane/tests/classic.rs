@@ -297,11 +297,26 @@ async fn a_worker_reset_right_after_naming_its_stream_is_a_disconnect_not_a_clos
 async fn stopping_the_frontend_plane_ends_its_classic_streams(
     stop: impl AsyncFnOnce(&FrontendPlane),
 ) {
+    ends_with_its_plane(Reader::Reading, stop).await;
+}
+
+/// What the application did with the stream before its plane stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reader {
+    Reading,
+    /// Asked the worker to stop (`ResponseStream::stop`), which this worker has not acted on.
+    AskedToStop,
+}
+
+async fn ends_with_its_plane(reader: Reader, stop: impl AsyncFnOnce(&FrontendPlane)) {
     let idle = Duration::from_secs(600);
     let (frontend, worker, mut tx, pending) = one_stream::<u32>(idle).await;
     within("send", tx.send(&1)).await.unwrap();
     let mut rx = within("established", pending.established()).await.unwrap();
     assert_eq!(within("item", rx.next()).await, Some(Ok(1)));
+    if reader == Reader::AskedToStop {
+        rx.stop();
+    }
     stop(&frontend).await;
     let end = within("the stream ends with its plane", rx.next()).await;
     assert!(
@@ -320,6 +335,13 @@ async fn shutdown_ends_the_classic_streams_still_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_ends_the_classic_streams_still_open() {
     stopping_the_frontend_plane_ends_its_classic_streams(async |f| f.abort()).await;
+}
+
+/// A stream whose application asked its worker to stop still ends quietly only when the
+/// worker ends it; its plane shutting down first is a lost stream, as on the velo plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_stream_still_hears_that_its_plane_shut_down() {
+    ends_with_its_plane(Reader::AskedToStop, async |f| f.shutdown().await).await;
 }
 
 /// After `abort`, as after `shutdown`, the classic listener takes no connection: the accept
