@@ -32,6 +32,9 @@ pub(crate) struct Dep {
     /// The package name (not a `package = ...` rename).
     pub(crate) name: String,
     pub(crate) kind: DepKind,
+    /// The features the dependency turns on, and whether its default features are on too.
+    pub(crate) features: Vec<String>,
+    pub(crate) default_features: bool,
 }
 
 /// The `Cargo.toml` table a dependency is declared in.
@@ -58,6 +61,15 @@ impl Workspace {
 impl Package {
     pub(crate) fn has_feature(&self, feature: &str) -> bool {
         self.features.contains_key(feature)
+    }
+
+    /// The dev-dependency on the crate itself, if any: its tests build the crate with that
+    /// dependency's features (and its defaults, unless it says `default-features = false`)
+    /// whatever `cargo test` is asked for.
+    pub(crate) fn self_dev_dep(&self) -> Option<&Dep> {
+        self.deps
+            .iter()
+            .find(|d| d.kind == DepKind::Dev && d.name == self.name)
     }
 }
 
@@ -165,6 +177,8 @@ fn parse_package(pkg: &Value) -> Result<Package> {
         deps.push(Dep {
             name: string(dep, "name")?.to_owned(),
             kind,
+            features: strings(&dep["features"]),
+            default_features: dep["uses_default_features"].as_bool().unwrap_or(true),
         });
     }
     Ok(Package {
@@ -259,7 +273,9 @@ mod tests {
             mux.deps[1],
             Dep {
                 name: "proptest".into(),
-                kind: DepKind::Dev
+                kind: DepKind::Dev,
+                features: Vec::new(),
+                default_features: true,
             }
         );
         let graph = parse_graph(&json).expect("graph parses");

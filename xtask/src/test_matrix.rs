@@ -15,7 +15,6 @@ use crate::ucx;
 const MATRIX: &[Row] = &[
     Row::new("velo-wire", Features::Default),
     Row::new("velo-mux", Features::Default),
-    Row::new("velo-mux", Features::Add("test-util")),
     Row::new("velo-session", Features::Default),
     Row::new("velo-tls", Features::Default),
     Row::new("velo-tcp", Features::Default),
@@ -86,9 +85,32 @@ impl Features {
         }
     }
 
-    /// The features this selection turns on for `pkg` directly (before features enable
-    /// others), or why the row cannot run yet.
+    /// The features this selection turns on for `pkg`'s tests directly (before features
+    /// enable others), or why the row cannot run: a feature not declared yet, or a
+    /// `--no-default-features` row that the crate's own dev-dependency undoes.
     fn resolve(self, pkg: &Package) -> std::result::Result<BTreeSet<String>, String> {
+        let mut features = self.asked(pkg)?;
+        let Some(own) = pkg.self_dev_dep() else {
+            return Ok(features);
+        };
+        let defaults = pkg.features.get("default").cloned().unwrap_or_default();
+        if own.default_features && !defaults.is_empty() {
+            if matches!(self, Self::NoDefault) {
+                return Err(format!(
+                    "{}'s dev-dependency on itself turns its default features back on, so \
+                     `--no-default-features` would test them anyway (give that dependency \
+                     `default-features = false`)",
+                    pkg.name
+                ));
+            }
+            features.extend(defaults);
+        }
+        features.extend(own.features.iter().cloned());
+        Ok(features)
+    }
+
+    /// The features the `cargo test` flags ask for.
+    fn asked(self, pkg: &Package) -> std::result::Result<BTreeSet<String>, String> {
         let defaults = || pkg.features.get("default").cloned().unwrap_or_default();
         match self {
             Self::NoDefault => Ok(BTreeSet::new()),
@@ -177,11 +199,12 @@ pub(crate) fn plan() -> Result<(Vec<Planned>, usize)> {
         };
         let features = match row.features.resolve(pkg) {
             Ok(features) => features,
-            Err(why) => {
+            Err(why) if matches!(row.features, Features::Add(_)) => {
                 println!("test-matrix: skipping `{label}`: {why}");
                 skipped += 1;
                 continue;
             }
+            Err(why) => return Err(format!("test-matrix: row `{label}`: {why}").into()),
         };
         if done.iter().any(|(k, f)| *k == row.krate && *f == features) {
             println!("test-matrix: skipping `{label}`: same features as an earlier row");
@@ -202,17 +225,20 @@ pub(crate) fn run() -> Result {
     let (rows, skipped) = plan()?;
     let mut counts = Vec::with_capacity(rows.len());
     for row in &rows {
-        counts.push((row.label.as_str(), row.run()?));
+        let start = std::time::Instant::now();
+        let count = row.run()?;
+        counts.push((row.label.as_str(), count, start.elapsed()));
     }
-    println!("\ntest-matrix: tests per row");
-    for (label, count) in &counts {
+    println!("\ntest-matrix: tests per row (wall time: build and run)");
+    for (label, count, took) in &counts {
         println!(
-            "  {label:<40}{:>6} passed{}",
+            "  {label:<40}{:>6} passed{:<12}{:>7.1} s",
             count.passed,
-            ignored_note(count.ignored)
+            ignored_note(count.ignored),
+            took.as_secs_f64()
         );
     }
-    let total: u64 = counts.iter().map(|(_, c)| c.passed).sum();
+    let total: u64 = counts.iter().map(|(_, c, _)| c.passed).sum();
     println!(
         "test-matrix: ok ({} rows run, {skipped} skipped, {total} tests passed)",
         rows.len()
@@ -234,6 +260,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::metadata::{Dep, DepKind};
 
     fn package(features: &[(&str, &[&str])]) -> Package {
         let features: BTreeMap<String, Vec<String>> = features
@@ -269,6 +296,27 @@ mod tests {
             Features::Add("test-util"),
             Err("p declares no feature `test-util` yet"),
         );
+    }
+
+    /// velo-mux's tests depend on velo-mux with `test-util`: every row has it, so a row
+    /// adding it repeats the default row; a dev-dependency that keeps the defaults makes a
+    /// `--no-default-features` row a lie, which is refused.
+    #[test]
+    fn a_crates_dev_dependency_on_itself_adds_its_features_to_every_row() {
+        let mut pkg = package(&[("default", &["tcp"]), ("tcp", &[]), ("test-util", &[])]);
+        pkg.deps.push(Dep {
+            name: "p".into(),
+            kind: DepKind::Dev,
+            features: vec!["test-util".into()],
+            default_features: false,
+        });
+        check(&pkg, Features::NoDefault, Ok(&["test-util"]));
+        check(&pkg, Features::Default, Ok(&["tcp", "test-util"]));
+        check(&pkg, Features::Add("test-util"), Ok(&["tcp", "test-util"]));
+        pkg.deps[0].default_features = true;
+        let refused = Features::NoDefault.resolve(&pkg).unwrap_err();
+        assert!(refused.contains("default-features = false"), "{refused}");
+        check(&pkg, Features::Default, Ok(&["tcp", "test-util"]));
     }
 
     #[test]

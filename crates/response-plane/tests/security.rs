@@ -17,6 +17,13 @@ use velo_tls::testing::TestPki;
 /// A bound on every wait of these stories.
 const BOUND: Duration = Duration::from_secs(20);
 
+/// The planes each story runs on, by their `DYN_RESPONSE_PLANE` names: the velo plane needs
+/// its TCP lanes (feature `tcp`); `tcp` is the classic plane.
+#[cfg(feature = "tcp")]
+const PLANES: &[&str] = &["velo", "tcp"];
+#[cfg(not(feature = "tcp"))]
+const PLANES: &[&str] = &["tcp"];
+
 /// A configuration from `vars` (plus a loopback host).
 fn config(vars: &[(&str, String)]) -> Result<ResponsePlaneConfig, ConfigError> {
     let mut map: HashMap<String, String> = vars
@@ -191,7 +198,7 @@ async fn send_two(worker: &WorkerPlane, info: &ConnectionInfo) {
 async fn both_planes_carry_streams_over_mutual_tls_with_a_cluster_secret() {
     let pki = TestPki::new();
     std::fs::write(pki.path("secret"), "a cluster secret of thirty-two b\n").unwrap();
-    for plane in ["velo", "tcp"] {
+    for &plane in PLANES {
         let mut env = mtls_env(&pki, plane);
         env.push(("DYN_VELO_CLUSTER_SECRET_PATH", path(&pki, "secret")));
         let tracker = TaskTracker::new();
@@ -211,7 +218,7 @@ async fn both_planes_carry_streams_over_mutual_tls_with_a_cluster_secret() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_tied_to_a_worker_is_refused_from_any_other_even_with_its_token() {
-    for plane in ["velo", "tcp"] {
+    for &plane in PLANES {
         let base = config(&[("DYN_RESPONSE_PLANE", plane.into())]).unwrap();
         let tracker = TaskTracker::new();
         let frontend = FrontendPlane::bind(base.clone(), tracker.clone())
@@ -257,6 +264,7 @@ async fn a_stream_tied_to_a_worker_is_refused_from_any_other_even_with_its_token
 }
 
 /// A velo plane with TLS whose worker trusts `ca` (a file of `pki`).
+#[cfg(feature = "tcp")]
 fn rotation_env(pki: &TestPki, ca: &str) -> Vec<(&'static str, String)> {
     vec![
         ("DYN_RESPONSE_PLANE", "velo".to_owned()),
@@ -267,6 +275,7 @@ fn rotation_env(pki: &TestPki, ca: &str) -> Vec<(&'static str, String)> {
 }
 
 /// A PKI with a second CA (`next-*`) and a frontend serving the first CA's certificate.
+#[cfg(feature = "tcp")]
 async fn rotation_start() -> (TestPki, TaskTracker, FrontendPlane) {
     let pki = TestPki::new();
     pki.foreign("next");
@@ -277,11 +286,13 @@ async fn rotation_start() -> (TestPki, TaskTracker, FrontendPlane) {
 }
 
 /// The frontend's certificate files rotate to ones the next CA vouches for.
+#[cfg(feature = "tcp")]
 fn rotate(pki: &TestPki) {
     std::fs::copy(pki.path("next-server.pem"), pki.path("server.pem")).unwrap();
     std::fs::copy(pki.path("next-server.key"), pki.path("server.key")).unwrap();
 }
 
+#[cfg(feature = "tcp")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
     let (pki, tracker, frontend) = rotation_start().await;
@@ -300,6 +311,7 @@ async fn a_running_frontend_reloads_its_certificate_for_new_workers() {
 /// Without `reload_tls`: rotated files are picked up by the plane's own watch (every
 /// `TLS_WATCH_INTERVAL`), so a worker that trusts only the new CA gets in. Each try is a fresh
 /// worker (a failed preparation is cached for its backoff); tries are bounded in number.
+#[cfg(feature = "tcp")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_frontend_picks_up_rotated_certificate_files_by_itself() {
     let (pki, tracker, frontend) = rotation_start().await;
@@ -334,7 +346,7 @@ async fn a_running_frontend_picks_up_rotated_certificate_files_by_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plaintext_worker_gets_nothing_from_a_tls_frontend_on_either_plane() {
     let pki = TestPki::new();
-    for plane in ["velo", "tcp"] {
+    for &plane in PLANES {
         let tracker = TaskTracker::new();
         let frontend =
             FrontendPlane::bind(config(&mtls_env(&pki, plane)).unwrap(), tracker.clone())
@@ -434,7 +446,7 @@ async fn a_plaintext_classic_worker_is_told_the_frontend_requires_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_worker_is_told_the_frontend_answered_in_plaintext_on_either_plane() {
     let pki = TestPki::new();
-    for plane in ["velo", "tcp"] {
+    for &plane in PLANES {
         let tracker = TaskTracker::new();
         let plain = config(&[("DYN_RESPONSE_PLANE", plane.into())]).unwrap();
         let frontend = FrontendPlane::bind(plain, tracker.clone()).await.unwrap();
@@ -460,6 +472,7 @@ async fn a_tls_worker_is_told_the_frontend_answered_in_plaintext_on_either_plane
 
 /// `DYN_TCP_TLS_SERVER_NAME` is the name a worker verifies the frontend's certificate under
 /// when it dials by IP: the certificate's name passes, any other is refused.
+#[cfg(feature = "tcp")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_verifies_the_frontend_under_the_configured_server_name() {
     let pki = TestPki::new();

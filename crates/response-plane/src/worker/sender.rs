@@ -338,7 +338,7 @@ impl<T> std::fmt::Debug for ResponseSender<T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tcp"))]
 mod tests {
     use std::time::Duration;
 
