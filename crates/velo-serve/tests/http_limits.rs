@@ -105,3 +105,32 @@ async fn unknown_paths_and_methods_get_openai_error_objects() {
     let error = harness::json(&body);
     assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");
 }
+
+/// A client that asks for a long streamed answer and then stops reading it, with its window
+/// closed: once the server's writes have made no progress for the write stall bound, the
+/// connection is cut and its slot freed. One connection is allowed at a time, so the next
+/// client is served only then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_stream_is_cut_and_frees_its_slot() {
+    let c = Cluster::start(Plane::Velo, 1, |f| {
+        f.http_limits.max_connections = 1;
+        f.http_limits.write_stall_timeout = Duration::from_millis(300);
+        f.limits.max_tokens = 1_000_000;
+        f.limits.context_tokens = 2_000_000;
+    })
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(c.addr()).await.unwrap();
+    let body = harness::chat(1_000_000, true, serde_json::json!({"ignore_eos": true})).to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    // `stalled` is never read. The next client waits for the only slot (bounded by BOUND).
+    let (status, answer) = c.get("/health").await;
+    assert_eq!(status, 200, "{answer}");
+    drop(stalled);
+}

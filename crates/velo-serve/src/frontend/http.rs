@@ -1,6 +1,7 @@
 //! The HTTP server's own bounds: connections served at once, how long a client may take to
-//! send its request's headers and its body. Without them a client that opens connections and
-//! sends nothing (or a byte a minute) holds a task, a socket and a buffer each, for ever.
+//! send its request's headers and its body, and how long it may leave an answer unread.
+//! Without them a client that opens connections and sends nothing (or a byte a minute), or
+//! stops reading a streamed answer, holds a task, a socket and a buffer each, for ever.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -26,6 +28,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client has to send a request's body by default.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection's writes may make no progress by default (a client that stopped
+/// reading, its window closed) before the connection is cut.
+pub const DEFAULT_WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the accept loop pauses after an accept error (out of file descriptors: retrying
 /// at once would spin).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -39,6 +44,9 @@ pub struct HttpLimits {
     pub header_read_timeout: Duration,
     /// How long a client may take to send a request's body.
     pub body_read_timeout: Duration,
+    /// How long a connection's writes may make no progress (the client stopped reading)
+    /// before the connection is cut, freeing its slot and whatever it held.
+    pub write_stall_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -47,6 +55,7 @@ impl Default for HttpLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
         }
     }
 }
@@ -89,8 +98,12 @@ pub(super) async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
         }
+        // A write that makes no progress for the stall bound fails the connection: hyper
+        // drops it, with the answer's queue and the slot.
+        let mut io = TimeoutStream::new(tcp);
+        io.set_write_timeout(Some(limits.write_stall_timeout));
         let service = TowerToHyperService::new(app.clone());
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(Box::pin(io)), service));
         tracker.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "HTTP connection ended in error");
