@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use response_plane::FrontendPlane;
@@ -23,6 +23,14 @@ use crate::work::WorkChannel;
 
 /// How long a removed worker's open streams may keep generating before they are ended.
 pub const REMOVAL_GRACE: Duration = Duration::from_secs(10);
+/// The pause before a worker that could not be reached, or whose connection was lost, is
+/// tried again; it doubles with each failure in a row, up to [`RETRY_PAUSE_MAX`]. A crashed
+/// worker's record stays in discovery until it expires: without a pause, each rescan would
+/// dial it again at once.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between tries of one worker; a connection that lived this long counts
+/// as a success, so the next loss starts again from [`RETRY_PAUSE`].
+pub const RETRY_PAUSE_MAX: Duration = Duration::from_secs(5);
 
 /// One worker.
 #[derive(Debug)]
@@ -54,6 +62,9 @@ pub struct Pool {
     removal_grace: Duration,
     /// Numbers each addition of a worker (see [`Members::wanted`]).
     additions: AtomicU64,
+    /// Failures in a row per worker discovery lists (tries that could not connect, or
+    /// connections lost soon after), for the pause before the next try.
+    failures: Mutex<HashMap<u64, u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +84,7 @@ impl Pool {
             turn: AtomicUsize::new(0),
             removal_grace,
             additions: AtomicU64::new(0),
+            failures: Mutex::new(HashMap::new()),
         })
     }
 
@@ -146,6 +158,23 @@ impl Pool {
         true
     }
 
+    /// Counts a failure of worker `id` and returns the pause before it is tried again.
+    fn failed(&self, id: u64) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = failures.entry(id).or_insert(0);
+        let pause = RETRY_PAUSE
+            .saturating_mul(1 << (*n).min(16))
+            .min(RETRY_PAUSE_MAX);
+        *n = n.saturating_add(1);
+        pause
+    }
+
+    /// Worker `id` is not failing (a long-lived connection) or no longer listed.
+    fn clear_failures(&self, id: u64) {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        failures.remove(&id);
+    }
+
     /// Takes worker `id` out of routing; a connection to it still being made is not routed
     /// to either.
     fn take(&self, id: u64) -> Option<Arc<WorkerEntry>> {
@@ -175,34 +204,66 @@ pub async fn follow(
             None => return,
             Some(Change::Added(instance)) => {
                 let addition = pool.want(instance.instance_id);
-                let ctx = (pool.clone(), plane.clone(), forget.clone(), tracker.clone());
+                let ctx = Context {
+                    pool: pool.clone(),
+                    plane: plane.clone(),
+                    forget: forget.clone(),
+                    tracker: tracker.clone(),
+                    stop: stop.clone(),
+                };
                 tracker.spawn(connect(instance, addition, ctx));
             }
-            Some(Change::Removed(id)) => remove(&pool, &plane, &tracker, id, "left discovery"),
+            Some(Change::Removed(id)) => {
+                pool.clear_failures(id);
+                remove(&pool, &plane, &tracker, id, "left discovery");
+            }
         }
     }
 }
 
-type Context = (Arc<Pool>, FrontendPlane, Forget, TaskTracker);
+/// What a worker's connection task shares with `follow`.
+struct Context {
+    pool: Arc<Pool>,
+    plane: FrontendPlane,
+    forget: Forget,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Context {
+    /// Asks the watcher to forget worker `id` (so its next scan adds it again) after the
+    /// pause its failures in a row call for; nothing once `follow` stops.
+    async fn retry_later(&self, id: u64) {
+        let pause = self.pool.failed(id);
+        // Cancel safety: both branches only wait.
+        tokio::select! {
+            () = tokio::time::sleep(pause) => self.forget.forget(id).await,
+            () = self.stop.cancelled() => {}
+        }
+    }
+}
 
 /// Connects to a worker's request plane and adds it, unless it left meanwhile; forgets it (to
-/// be retried on the next scan) when that fails, and removes it when the connection is lost
-/// later.
-async fn connect(
-    instance: crate::discovery::Instance,
-    addition: u64,
-    (pool, plane, forget, tracker): Context,
-) {
+/// be retried on a later scan, after a pause) when that fails or the connection is lost later,
+/// removing it then. Ends, closing the connection, when `follow` stops.
+async fn connect(instance: crate::discovery::Instance, addition: u64, ctx: Context) {
+    let Context {
+        pool,
+        plane,
+        tracker,
+        stop,
+        ..
+    } = &ctx;
     let id = instance.instance_id;
     let Some(addr) = instance.address() else {
         tracing::warn!(instance = format!("{id:x}"), transport = ?instance.transport, "unusable worker address");
         return;
     };
-    let channel = match WorkChannel::connect(addr, &tracker).await {
+    let channel = match WorkChannel::connect(addr, tracker).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(instance = format!("{id:x}"), %addr, error = %e, "cannot reach worker");
-            forget.forget(id).await;
+            ctx.retry_later(id).await;
             return;
         }
     };
@@ -217,7 +278,18 @@ async fn connect(
         return;
     }
     tracing::info!(instance = format!("{id:x}"), %addr, workers = pool.len(), "worker added");
-    channel.lost().await;
+    let connected = tokio::time::Instant::now();
+    // Cancel safety: both branches only wait.
+    tokio::select! {
+        () = channel.lost() => {}
+        () = stop.cancelled() => {
+            channel.close();
+            return;
+        }
+    }
+    if connected.elapsed() >= RETRY_PAUSE_MAX {
+        pool.clear_failures(id);
+    }
     // Still this entry (not replaced by a newer record)? Then the worker is gone.
     let current = pool
         .read()
@@ -225,8 +297,8 @@ async fn connect(
         .get(&id)
         .is_some_and(|w| Arc::ptr_eq(w, &entry));
     if current {
-        remove(&pool, &plane, &tracker, id, "request plane connection lost");
-        forget.forget(id).await;
+        remove(pool, plane, tracker, id, "request plane connection lost");
+        ctx.retry_later(id).await;
     }
 }
 
@@ -257,6 +329,107 @@ mod tests {
     use crate::discovery::{Instance, Transport};
 
     const BOUND: Duration = Duration::from_secs(20);
+
+    fn instance(addr: std::net::SocketAddr) -> Instance {
+        Instance {
+            namespace: "ns".into(),
+            component: "backend".into(),
+            endpoint: "generate".into(),
+            instance_id: 7,
+            transport: Transport::Tcp(addr.to_string()),
+        }
+    }
+
+    /// A frontend plane and `follow` fed by the test, which stands in for the watcher: it
+    /// sends the changes and reads what `follow` asks it to forget.
+    async fn following(
+        pool: &Arc<Pool>,
+    ) -> (
+        mpsc::Sender<Change>,
+        mpsc::Receiver<u64>,
+        FrontendPlane,
+        TaskTracker,
+        CancellationToken,
+    ) {
+        let config = response_plane::ResponsePlaneConfig::builder()
+            .host(Some("127.0.0.1".parse().unwrap()))
+            .build()
+            .unwrap();
+        let plane_tracker = TaskTracker::new();
+        let plane = FrontendPlane::bind(config, plane_tracker).await.unwrap();
+        let (changes_tx, changes) = mpsc::channel(4);
+        let (forget, forgotten) = Forget::channel();
+        let (tracker, stop) = (TaskTracker::new(), CancellationToken::new());
+        let follow = follow(
+            pool.clone(),
+            plane.clone(),
+            changes,
+            forget,
+            tracker.clone(),
+            stop.clone(),
+        );
+        tracker.spawn(follow);
+        (changes_tx, forgotten, plane, tracker, stop)
+    }
+
+    /// A worker that crashed: its record stays in discovery (until it expires) but its port
+    /// refuses connections. Each failure is forgotten so a rescan finds the worker again, but
+    /// only after a pause that doubles per failure: the frontend does not dial it in a loop.
+    /// The pauses are a lower bound on the time four tries take, whatever the scheduler does.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_worker_that_refuses_connections_is_tried_again_after_growing_pauses() {
+        let refusing = {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            listener.local_addr().unwrap()
+        };
+        let pool = Pool::new(REMOVAL_GRACE);
+        let (changes, mut forgotten, plane, _tracker, stop) = following(&pool).await;
+        let start = tokio::time::Instant::now();
+        const TRIES: u32 = 4;
+        for _ in 0..TRIES {
+            changes
+                .send(Change::Added(instance(refusing)))
+                .await
+                .unwrap();
+            let id = tokio::time::timeout(BOUND, forgotten.recv()).await.unwrap();
+            assert_eq!(id, Some(7));
+        }
+        let least: Duration = (0..TRIES).map(|n| RETRY_PAUSE * (1 << n)).sum();
+        assert!(
+            start.elapsed() >= least,
+            "{TRIES} tries in {:?}: the pauses alone take {least:?}",
+            start.elapsed()
+        );
+        stop.cancel();
+        plane.shutdown().await;
+    }
+
+    /// Stopping `follow` ends the connection tasks of the workers it routes to, closing their
+    /// connections: a frontend's shutdown waits for its tasks, and these would otherwise wait
+    /// for their workers to go away.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopping_closes_the_connections_to_routed_workers_and_ends_their_tasks() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pool = Pool::new(REMOVAL_GRACE);
+        let (changes, _forgotten, plane, tracker, stop) = following(&pool).await;
+        changes
+            .send(Change::Added(instance(listener.local_addr().unwrap())))
+            .await
+            .unwrap();
+        let (mut conn, _) = tokio::time::timeout(BOUND, listener.accept())
+            .await
+            .expect("the frontend connects")
+            .unwrap();
+        stop.cancel();
+        tracker.close();
+        tokio::time::timeout(BOUND, tracker.wait())
+            .await
+            .expect("the frontend's connection tasks end when it stops");
+        let mut byte = [0u8; 1];
+        let end = tokio::time::timeout(BOUND, conn.read(&mut byte)).await;
+        assert!(matches!(end, Ok(Ok(0) | Err(_))), "still open: {end:?}");
+        plane.shutdown().await;
+    }
 
     /// Discovery adds a worker and removes it before its request-plane connection is up
     /// (the worker crashed right after registering, or its record expired): the connection
