@@ -87,6 +87,10 @@ pub struct FrontendArgs {
     /// How long a removed worker's streams may keep generating, ms.
     #[arg(long, default_value_t = 10_000)]
     pub removal_grace_ms: u64,
+    /// How long a request's stream may go without an item (the first included) before the
+    /// request fails, ms: an engine stalled on a live worker.
+    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub item_timeout_ms: u64,
     /// Run the response plane on a thread of its own (`velo-plane`), so its CPU time can be
     /// told apart from the HTTP side's (serve-bench uses it).
     #[arg(long)]
@@ -210,6 +214,7 @@ impl FrontendArgs {
             establish_timeout: Duration::from_millis(self.establish_timeout_ms),
             max_attempts: crate::frontend::DEFAULT_MAX_ATTEMPTS,
             removal_grace: Duration::from_millis(self.removal_grace_ms),
+            item_timeout: Duration::from_millis(self.item_timeout_ms),
             max_body_bytes: crate::frontend::DEFAULT_MAX_BODY_BYTES,
             http_limits: crate::frontend::http::HttpLimits::default(),
             service: service_config(Role::Frontend, host)?,

@@ -1,5 +1,6 @@
 //! A worker that leaves discovery while it generates (a drain, an expired lease) and never
-//! finishes: the requests it holds end after the removal grace, streamed or not.
+//! finishes: the requests it holds end after the removal grace, streamed or not. A worker that
+//! stays listed while its engine stalls: they end after the item timeout.
 
 mod harness;
 
@@ -98,4 +99,49 @@ async fn a_streamed_request_on_a_removed_stuck_worker_ends_after_the_grace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unary_request_on_a_removed_stuck_worker_ends_after_the_grace() {
     removed_worker_ends_the_request(false).await;
+}
+
+/// A stuck worker that stays in discovery (alive, its lease kept): each request on it fails
+/// once its stream has gone the item timeout without an item, streamed (an error event) or
+/// not (504), instead of holding its client, its admission turn and the worker's slot.
+async fn stalled_worker_fails_the_request(stream: bool) {
+    let mut c = Cluster::start(Plane::Velo, 0, |f| {
+        f.item_timeout = Duration::from_millis(300);
+    })
+    .await;
+    stuck_worker(&mut c).await;
+    let (status, body) = tokio::time::timeout(BOUND, async {
+        let mut conn = velo_serve::client::Conn::open(c.addr())
+            .await
+            .expect("connect");
+        let body = chat(1000, stream, serde_json::json!({"ignore_eos": true})).to_string();
+        let r = conn
+            .post("/v1/chat/completions", &body)
+            .await
+            .expect("an answer");
+        (r.status, r.text().await.expect("a body"))
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "stream={stream}: a stalled request is still open after {BOUND:?} (item timeout 300 ms)"
+        )
+    });
+    if stream {
+        assert_eq!(status, 200);
+        assert!(body.contains("event: error"), "{body}");
+    } else {
+        assert_eq!(status, 504, "{body}");
+    }
+    assert!(body.contains("item_timeout"), "names the bound: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_request_on_a_stalled_worker_fails_after_the_item_timeout() {
+    stalled_worker_fails_the_request(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_request_on_a_stalled_worker_fails_after_the_item_timeout() {
+    stalled_worker_fails_the_request(false).await;
 }

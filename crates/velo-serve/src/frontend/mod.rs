@@ -67,6 +67,9 @@ pub struct FrontendConfig {
     pub max_attempts: u32,
     /// How long a removed worker's open streams may keep generating.
     pub removal_grace: Duration,
+    /// How long a request's stream may go without an item (the first included) before the
+    /// request fails with 504: an engine stalled on a worker that is still alive and listed.
+    pub item_timeout: Duration,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
     /// The HTTP server's bounds: connections, header and body read timeouts.

@@ -141,6 +141,22 @@ fn lost(e: &response_plane::ResponseError) -> ApiError {
     )
 }
 
+/// The stream's next item, or a 504 naming the bound when none came within `item_timeout`
+/// (the caller kills the stream). Cancel-safe: `next` keeps an item it has not returned.
+async fn next_within(
+    stream: &mut response_plane::ResponseStream<StreamItem>,
+    item_timeout: std::time::Duration,
+) -> Result<Option<Result<StreamItem, response_plane::ResponseError>>, ApiError> {
+    tokio::time::timeout(item_timeout, stream.next())
+        .await
+        .map_err(|_| {
+            ApiError::internal(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("the worker sent nothing for {item_timeout:?} (item_timeout)"),
+            )
+        })
+}
+
 /// Starts streaming `dispatched` to the client as SSE.
 pub fn stream(
     state: &State,
@@ -202,7 +218,10 @@ async fn pump(
             () = worker.0.gone.cancelled() => {
                 break End::Failed(ApiError::internal(StatusCode::BAD_GATEWAY, "the worker left discovery and did not finish in time"));
             }
-            next = stream.next() => next,
+            next = next_within(&mut stream, state.config.item_timeout) => match next {
+                Ok(next) => next,
+                Err(e) => break End::Failed(e),
+            },
         };
         let item = match next {
             None if progress.complete => break End::Complete,
@@ -343,7 +362,13 @@ pub async fn unary(
                 stream.kill();
                 break Err(ApiError::internal(StatusCode::BAD_GATEWAY, "the worker left discovery and did not finish in time"));
             }
-            next = stream.next() => next,
+            next = next_within(&mut stream, state.config.item_timeout) => match next {
+                Ok(next) => next,
+                Err(e) => {
+                    stream.kill();
+                    break Err(e);
+                }
+            },
         };
         match next {
             None if progress.complete => break Ok(()),

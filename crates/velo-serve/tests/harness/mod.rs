@@ -76,6 +76,7 @@ pub fn frontend_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -
         establish_timeout: Duration::from_secs(60),
         max_attempts: 3,
         removal_grace: Duration::from_secs(10),
+        item_timeout: Duration::from_secs(60),
         max_body_bytes: 1 << 20,
         http_limits: velo_serve::frontend::http::HttpLimits::default(),
         service: service(Role::Frontend, plane),
