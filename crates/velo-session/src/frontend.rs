@@ -12,7 +12,7 @@ use velo_mux::{LaneId, LaneState, Mux, MuxConfig, MuxStats, Side};
 use velo_wire::{CloseCode, Hello, InstanceId, Role};
 
 use crate::auth::{self, ClusterSecret};
-use crate::peer::Retired;
+use crate::peer::{NotStarted, Refusal, Retired};
 use crate::{Acceptor, LaneIo, Peer, clock};
 
 /// Settings of a [`FrontendEndpoint`].
@@ -252,7 +252,15 @@ impl FrontendEndpoint {
                     return Ok(());
                 }
                 // Its last lane died since the lookup: this lane joins a new connection.
-                Err(back) => io = back,
+                Err(NotStarted {
+                    io: back,
+                    why: Refusal::Done,
+                }) => io = back,
+                // Another lane with its index came up since the check.
+                Err(NotStarted {
+                    why: Refusal::InUse,
+                    ..
+                }) => return Err(AttachError::LaneInUse(worker.lane_index)),
             }
         }
         Err(AttachError::ConnectionEnded(worker.lane_index))

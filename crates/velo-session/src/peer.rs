@@ -33,6 +33,21 @@ use crate::{LaneIo, clock, pump};
 /// and shrinking them would only make bursts reallocate.
 const SHRINK_ABOVE: usize = 64;
 
+/// A lane [`Peer::start_lane`] did not start, handed back with why.
+pub(crate) struct NotStarted {
+    pub(crate) io: LaneIo,
+    pub(crate) why: Refusal,
+}
+
+/// Why a lane was not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The connection is done (its lanes all died): the lane belongs on a new one.
+    Done,
+    /// A lane with its index is up already.
+    InUse,
+}
+
 /// The counters of an endpoint's connections that are done, shared with each of them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Retired(Arc<Mutex<MuxStats>>);
@@ -285,21 +300,26 @@ impl Peer {
         io: LaneIo,
         tracker: &TaskTracker,
         read_buffer: usize,
-    ) -> Result<(), LaneIo> {
+    ) -> Result<(), NotStarted> {
         // Decided under the lock `pump_ended` decides "done" under: a lane either starts
         // before the connection is done (and keeps it from being done), or not at all.
-        let started = self.with(|st, now| {
+        let refused = self.with(|st, now| {
             if self.inner.done.is_cancelled() {
-                return false;
+                return Some(Refusal::Done);
+            }
+            // Checked again here: two lanes with one index may both have passed a caller's
+            // check made before this lock.
+            if st.mux.lane_state(lane) != LaneState::Down {
+                return Some(Refusal::InUse);
             }
             // A lane is brought up once: a connection whose lanes all died is replaced.
             st.mux.handle_lane_up(now, lane, hello);
             self.inner.pumps.fetch_add(2, Ordering::AcqRel);
             self.inner.alive.store(true, Ordering::Release);
-            true
+            None
         });
-        if !started {
-            return Err(io);
+        if let Some(why) = refused {
+            return Err(NotStarted { io, why });
         }
         let LaneIo { read, write } = io;
         // One span per lane covers its whole life; records are never logged one by one.
@@ -636,7 +656,7 @@ mod tests {
     use tokio_util::task::TaskTracker;
     use velo_mux::{LaneId, Mux, MuxConfig, Side};
 
-    use super::{Peer, Retired};
+    use super::{Peer, Refusal, Retired};
     use crate::{LaneIo, RawLane, StreamLane, clock, new_instance_id};
 
     fn lane() -> (LaneIo, tokio::io::DuplexStream) {
@@ -675,6 +695,49 @@ mod tests {
             "a done connection takes no lane"
         );
         assert!(!peer.is_usable());
+        tracker.close();
+        tokio::time::timeout(Duration::from_secs(60), tracker.wait())
+            .await
+            .expect("no task left running");
+    }
+
+    /// Two handshakes for the same lane of one worker finish at once (a duplicated path, or a
+    /// stranger who knows the instance without a cluster secret): both pass the frontend's
+    /// "is it down?" check before either starts. The second must be refused, not replace the
+    /// first under its running pumps (two readers and two writers on one lane).
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_already_up_is_not_started_again() {
+        let frontend = MuxConfig::builder(Side::Frontend).lanes(2).build().unwrap();
+        let worker = MuxConfig::builder(Side::Worker).lanes(2).build().unwrap();
+        let (me, them) = (new_instance_id(), new_instance_id());
+        let abort = CancellationToken::new();
+        let mux = Mux::new(frontend, clock::now());
+        let peer = Peer::new(mux, them, None, None, None, &abort, Retired::default());
+        let tracker = TaskTracker::new();
+        let hello = worker.hello(0, them, me);
+        let (first, _far_first) = lane();
+        assert!(
+            peer.start_lane(LaneId(0), &hello, first, &tracker, 4096)
+                .is_ok()
+        );
+        let (second, mut far_second) = lane();
+        let refused = peer
+            .start_lane(LaneId(0), &hello, second, &tracker, 4096)
+            .expect_err("lane 0 is up: a second one with its index is refused");
+        assert_eq!(refused.why, Refusal::InUse);
+        assert!(peer.is_usable(), "the first lane is untouched");
+        // The refused lane's transport was handed back (held here), never driven: its far
+        // end reads nothing from it.
+        let mut byte = [0u8; 1];
+        let read = tokio::io::AsyncReadExt::read(&mut far_second, &mut byte);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), read)
+                .await
+                .is_err(),
+            "the refused lane was driven"
+        );
+        drop(refused);
+        abort.cancel();
         tracker.close();
         tokio::time::timeout(Duration::from_secs(60), tracker.wait())
             .await
