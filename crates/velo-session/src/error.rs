@@ -70,6 +70,15 @@ pub enum ConnectError {
         /// What was wrong.
         reason: &'static str,
     },
+    /// The connection to the frontend ended soon after it was set up, after an earlier
+    /// failure: the next preparation waits for a backoff (see [`Self::BackingOff`]).
+    #[error("connection to {addr} ended {lived:?} after it was set up")]
+    Ended {
+        /// Where.
+        addr: SocketAddr,
+        /// How long it had been up when it was found ended.
+        lived: Duration,
+    },
     /// A recent preparation failed; this request fails fast instead of dialing again.
     #[error("connection to {addr} failed {ago:?} ago, next attempt in {retry_in:?}: {last}")]
     BackingOff {

@@ -91,7 +91,7 @@ type FrontendKey = (InstanceId, SocketAddr);
 type Preparation = Shared<BoxFuture<'static, Result<Peer, ConnectError>>>;
 
 enum Entry {
-    Ready(Peer),
+    Ready(Peer, Young),
     /// A preparation running as a task of its own (it completes and is recorded even if
     /// every request waiting for it gives up), its id, and how many failed in a row before.
     Preparing {
@@ -107,12 +107,23 @@ enum Entry {
     },
 }
 
+/// When a connection was set up, and how many preparations of its frontend had failed in a
+/// row before it: if it dies before [`Backoff::max`], that counts as one more.
+#[derive(Debug, Clone, Copy)]
+struct Young {
+    since: tokio::time::Instant,
+    failures: u32,
+}
+
 /// A worker's side of the response plane: opens response streams to frontends.
 ///
 /// Connections are prepared once per frontend (instance id and address) and shared by all
 /// streams to it. Concurrent first requests share one preparation, which runs as a task of
 /// its own under [`WorkerSettings::prepare_timeout`]; a failed one is not cached (a later
-/// request retries, after a backoff during which requests fail fast); a frontend that
+/// request retries, after a backoff during which requests fail fast), and a connection that
+/// dies within [`Backoff::max`] of its setup counts as a failure too (the first such death is
+/// replaced at once, the next waits: a frontend or proxy that drops every new connection is
+/// not redialled at the request rate); a frontend that
 /// restarts (a new instance id) gets a new connection, and so does one that said it is
 /// going away (the old connection serves its open streams to their end). The per-request
 /// fast path takes a read lock and does no I/O.
@@ -182,7 +193,7 @@ impl WorkerEndpoint {
         let key = (instance, addr);
         {
             let peers = self.inner.read_peers();
-            if let Some(Entry::Ready(p)) = peers.get(&key)
+            if let Some(Entry::Ready(p, _)) = peers.get(&key)
                 && p.is_usable()
             {
                 return Ok(p.clone());
@@ -235,7 +246,7 @@ impl WorkerEndpoint {
         let peers = self.inner.read_peers();
         let draining = self.inner.draining();
         let ready = peers.values().filter_map(|e| match e {
-            Entry::Ready(p) => Some(p),
+            Entry::Ready(p, _) => Some(p),
             _ => None,
         });
         self.inner.retired.total(ready.chain(draining.iter()))
@@ -253,7 +264,7 @@ impl WorkerEndpoint {
             .read_peers()
             .values()
             .filter_map(|e| match e {
-                Entry::Ready(p) if p.is_alive() => Some(p.clone()),
+                Entry::Ready(p, _) if p.is_alive() => Some(p.clone()),
                 _ => None,
             })
             .collect();
@@ -278,7 +289,7 @@ impl WorkerEndpoint {
         let peers = std::mem::take(&mut *self.inner.write_peers());
         let draining = std::mem::take(&mut *self.inner.draining());
         let ready = peers.into_values().filter_map(|e| match e {
-            Entry::Ready(p) => Some(p),
+            Entry::Ready(p, _) => Some(p),
             _ => None,
         });
         for p in ready.chain(draining) {
@@ -309,25 +320,35 @@ impl WorkerInner {
         // frontend that restarts or moves leaves its old entry behind, and nothing else
         // would ever remove it.
         let keep_failure = self.settings.backoff.max;
+        // This frontend's connection, if it died (not: is going away, as the frontend asked)
+        // before `keep_failure`: a failure more in a row, and how long it lived.
+        let died_young = match peers.get(&key) {
+            Some(Entry::Ready(p, young))
+                if !p.is_alive() && !p.is_going_away() && now - young.since < keep_failure =>
+            {
+                Some((young.failures + 1, now - young.since))
+            }
+            _ => None,
+        };
         peers.retain(|_, e| match e {
             Entry::Failed { retry_at, .. } => *retry_at + keep_failure > now,
-            Entry::Ready(p) => !p.inner.done.is_cancelled(),
+            Entry::Ready(p, _) => !p.inner.done.is_cancelled(),
             Entry::Preparing { .. } => true,
         });
         let failures = match peers.get(&key) {
-            Some(Entry::Ready(p)) if p.is_usable() => {
+            Some(Entry::Ready(p, _)) if p.is_usable() => {
                 let p = p.clone();
                 return Ok(futures::future::ready(Ok(p)).boxed().shared());
             }
-            Some(Entry::Ready(p)) => {
-                if p.is_alive() {
-                    // Going away: its open streams finish on it; new ones get a new one.
-                    let mut draining = self.draining();
-                    draining.retain(Peer::is_alive);
-                    draining.push(p.clone());
-                }
+            Some(Entry::Ready(p, _)) => {
+                // Going away: its open streams finish on it; new ones get a new one.
+                let mut draining = self.draining();
+                draining.retain(Peer::is_alive);
+                draining.push(p.clone());
                 0
             }
+            // Pruned above: it died.
+            None if died_young.is_some() => died_young.map_or(0, |(failures, _)| failures),
             Some(Entry::Preparing { done, .. }) => return Ok(done.clone()),
             Some(Entry::Failed {
                 at,
@@ -345,6 +366,31 @@ impl WorkerInner {
             Some(Entry::Failed { failures, .. }) => *failures,
             None => 0,
         };
+        // The first connection that dies young is replaced at once, as any dead one; one that
+        // died young after another failure waits, as a failed preparation does.
+        if let Some((_, lived)) = died_young
+            && failures >= 2
+        {
+            let b = self.settings.backoff;
+            let wait = b.min.saturating_mul(1 << (failures - 2).min(16)).min(b.max);
+            let error = ConnectError::Ended { addr: key.1, lived };
+            tracing::debug!(instance = %key.0, addr = %key.1, ?lived, ?wait, "connection to frontend ended young");
+            peers.insert(
+                key,
+                Entry::Failed {
+                    at: now,
+                    retry_at: now + wait,
+                    failures,
+                    error: error.clone(),
+                },
+            );
+            return Err(ConnectError::BackingOff {
+                addr: key.1,
+                ago: Duration::ZERO,
+                retry_in: wait,
+                last: Box::new(error),
+            });
+        }
         let id = self.next_preparation.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let inner = self.clone();
@@ -402,7 +448,11 @@ impl WorkerInner {
         };
         match &result {
             Ok(p) => {
-                peers.insert(key, Entry::Ready(p.clone()));
+                let young = Young {
+                    since: tokio::time::Instant::now(),
+                    failures: failures_before,
+                };
+                peers.insert(key, Entry::Ready(p.clone(), young));
             }
             Err(error) => {
                 let failures = failures_before + 1;
@@ -569,7 +619,7 @@ async fn announce_lost(
     lost: Vec<crate::peer::LostOpen>,
 ) {
     let other = endpoint.inner.read_peers().values().find_map(|e| match e {
-        Entry::Ready(p)
+        Entry::Ready(p, _)
             if p.instance() == instance
                 && p.is_usable()
                 && !Arc::ptr_eq(&p.inner, &dying.inner) =>

@@ -164,6 +164,46 @@ async fn a_dead_connection_is_replaced_on_the_next_request() {
     w.shut_down().await;
 }
 
+/// A frontend, or a proxy in front of it, that completes the handshakes and drops the lanes
+/// at once, again and again: the first connection that dies young is replaced at once (as
+/// any dead one), but one dying young again counts as a failure, so the next preparation
+/// waits for a backoff instead of redialling every lane at the request rate.
+#[tokio::test(start_paused = true)]
+async fn connections_that_keep_dying_young_are_redialled_after_a_backoff() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    let sever_all = || {
+        for lane in w.connector.lanes() {
+            lane.sever.cancel();
+        }
+    };
+    let first = within("preparation", w.worker.peer(addr(), instance))
+        .await
+        .unwrap();
+    sever_all();
+    within("the first connection dying", first.closed()).await;
+    let second = within("its replacement", w.worker.peer(addr(), instance))
+        .await
+        .expect("a first young death is replaced at once");
+    sever_all();
+    within("the second connection dying", second.closed()).await;
+    let third = within("a request", w.worker.peer(addr(), instance)).await;
+    assert!(
+        matches!(third, Err(ConnectError::BackingOff { .. })),
+        "a second young death in a row backs off: {third:?}"
+    );
+    assert_eq!(w.connector.dials(), 2 * LANES, "no dial during the backoff");
+    tokio::time::advance(Duration::from_millis(150)).await;
+    let fourth = within(
+        "a request after the backoff",
+        w.worker.peer(addr(), instance),
+    )
+    .await
+    .expect("prepared again after the backoff");
+    assert!(fourth.is_alive());
+    w.shut_down().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_closed_worker_endpoint_prepares_nothing() {
     let w = World::new();
