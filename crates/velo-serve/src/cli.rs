@@ -81,7 +81,7 @@ pub struct FrontendArgs {
     /// Longest wait for a turn, ms.
     #[arg(long, default_value_t = 5000)]
     pub queue_timeout_ms: u64,
-    /// Longest wait for a worker's prologue, ms.
+    /// Longest wait for a worker's prologue, ms, in all (every attempt shares it).
     #[arg(long, default_value_t = 30_000)]
     pub establish_timeout_ms: u64,
     /// How long a removed worker's streams may keep generating, ms.

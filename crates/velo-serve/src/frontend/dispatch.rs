@@ -24,45 +24,67 @@ pub struct Dispatched {
     pub worker: Assigned,
 }
 
-/// Sends `job` (request number `id`) to a worker and waits for its prologue.
+/// Sends `job` (request number `id`) to a worker and waits for its prologue: at most
+/// `max_attempts` workers, and `establish_timeout` in all (each attempt gets what is left).
 ///
 /// # Errors
 ///
-/// 503 (with `Retry-After`) when no worker is available or every attempt failed in a way a
-/// retry might cure; 500 or 502 otherwise.
+/// 503 (with `Retry-After`) when no worker is available, every attempt failed in a way a
+/// retry might cure, or no worker answered in time; 502 when the worker was at fault (a
+/// refusal, a malformed answer); 500 otherwise.
 pub async fn dispatch(state: &State, job: &Job, id: u64) -> Result<Dispatched, ApiError> {
+    let within = state.config.establish_timeout;
+    let deadline = tokio::time::Instant::now() + within;
     let mut tried = Vec::new();
-    let mut last: Option<ResponseError> = None;
-    for _ in 0..state.config.max_attempts {
+    let mut causes: Vec<String> = Vec::new();
+    for n in 0..state.config.max_attempts {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
         let Some(worker) = state.pool.pick(&tried) else {
             break;
         };
+        if n > 0 {
+            state.metrics.migrations.fetch_add(1, Ordering::Relaxed);
+        }
         tried.push(worker.0.id);
-        match attempt(state, job, id, &worker).await {
+        match attempt(state, job, id, &worker, left).await {
             Ok(stream) => return Ok(Dispatched { stream, worker }),
             Err(e) if e.is_retryable() => {
                 tracing::debug!(worker = format!("{:x}", worker.0.id), error = %e, "retrying on another worker");
-                state.metrics.migrations.fetch_add(1, Ordering::Relaxed);
-                last = Some(e);
+                causes.push(format!("worker {:x}: {e}", worker.0.id));
             }
             Err(e) => return Err(failed(&e)),
         }
     }
-    Err(match last {
-        None => ApiError::overloaded("no worker is available; retry later"),
-        Some(e) => ApiError::overloaded(format!("no worker could take the request: {e}")),
-    })
+    if causes.is_empty() {
+        return Err(ApiError::overloaded("no worker is available; retry later"));
+    }
+    let timed_out = tokio::time::Instant::now() >= deadline;
+    let why = if timed_out {
+        format!("no worker answered within {within:?} (establish_timeout)")
+    } else {
+        "no worker could take the request".to_owned()
+    };
+    Err(ApiError::overloaded(format!(
+        "{why}: {}",
+        causes.join("; ")
+    )))
 }
 
+/// One try on `worker`, within `left`: register the stream, send the request, wait for the
+/// prologue.
 async fn attempt(
     state: &State,
     job: &Job,
     id: u64,
     worker: &Assigned,
+    left: Duration,
 ) -> Result<ResponseStream<StreamItem>, ResponseError> {
     let opts = RegisterOptions {
         codec: Codec::Msgpack,
-        establish_timeout: Some(state.config.establish_timeout),
+        establish_timeout: Some(left),
     };
     let (info, pending) = state.service.register::<StreamItem>(opts)?;
     // A worker removed within the last 5 s fails here, before the request is sent.
@@ -74,19 +96,19 @@ async fn attempt(
         ending: job.ending.into(),
         info,
     };
-    // A worker that stops reading fills its queue: the send waits at most the establish
-    // timeout, as the answer would.
-    let after = state.config.establish_timeout;
-    match tokio::time::timeout(after, worker.0.channel.send(&request)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => {
-            return Err(ResponseError::Disconnected(
+    // A worker that stops reading fills its queue: the send and the answer share `left`.
+    let answered = async {
+        match worker.0.channel.send(&request).await {
+            Ok(()) => pending.established().await,
+            Err(_) => Err(ResponseError::Disconnected(
                 response_plane::Disconnect::Closed,
-            ));
+            )),
         }
-        Err(_) => return Err(ResponseError::ResponseTimeout { after }),
+    };
+    match tokio::time::timeout(left, answered).await {
+        Ok(answer) => answer,
+        Err(_) => Err(ResponseError::ResponseTimeout { after: left }),
     }
-    pending.established().await
 }
 
 /// A failure that retrying elsewhere will not cure, as an HTTP error.
@@ -99,9 +121,30 @@ fn failed(e: &ResponseError) -> ApiError {
             StatusCode::BAD_GATEWAY,
             format!("the worker refused the request: {e}"),
         ),
+        // A malformed prologue, an item it could not decode, the worker's own error.
+        e if e.is_remote() => ApiError::internal(
+            StatusCode::BAD_GATEWAY,
+            format!("the worker's answer failed: {e}"),
+        ),
         _ => ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
 /// How long a client may leave the end of its answer unread before it is dropped.
 pub const CLIENT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use response_plane::ProtocolViolation;
+
+    use super::*;
+
+    /// A worker that answers with a malformed prologue is at fault: the client gets a 502
+    /// (bad gateway), not a 500 that blames this server.
+    #[test]
+    fn a_malformed_answer_from_the_worker_is_a_502() {
+        let e = ResponseError::Protocol(ProtocolViolation::DataAfterFinal);
+        let answer = failed(&e);
+        assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{}", answer.message);
+    }
+}

@@ -61,7 +61,8 @@ pub struct FrontendConfig {
     pub limits: Limits,
     /// Admission limits.
     pub admission: AdmissionLimits,
-    /// How long a request waits for its worker's prologue.
+    /// How long a request waits for a worker's prologue, in all: every attempt (sending the
+    /// request included) shares it.
     pub establish_timeout: Duration,
     /// Workers tried per request.
     pub max_attempts: u32,
