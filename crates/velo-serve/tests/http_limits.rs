@@ -134,3 +134,43 @@ async fn a_client_that_stops_reading_its_stream_is_cut_and_frees_its_slot() {
     assert_eq!(status, 200, "{answer}");
     drop(stalled);
 }
+
+/// Clients whose bodies are slow to arrive hold the memory reserved for them: past the
+/// server's budget for bodies being read (here the size of one largest body), another
+/// request is answered 503 at once, naming the budget, instead of adding its buffer (4,096
+/// connections times 4 MiB bodies would be 16 GiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_the_budget_for_bodies_in_flight_are_refused_at_once() {
+    let c = Cluster::start(Plane::Velo, 0, |f| {
+        f.max_body_bytes = 64 * 1024;
+        f.http_limits.body_budget_bytes = 64 * 1024;
+        f.http_limits.body_read_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let mut slow = TcpStream::connect(c.addr()).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\
+                Content-Type: application/json\r\nContent-Length: 65536\r\n\r\n{\"model\":";
+    slow.write_all(head.as_bytes()).await.unwrap();
+    // The slow body holds the whole budget once the server reads its head: until then a
+    // request may still get in (and fail for want of a worker), so ask until one is refused.
+    let refused = tokio::time::timeout(BOUND, async {
+        loop {
+            let (_conn, r) = c
+                .post(
+                    "/v1/chat/completions",
+                    &harness::chat(8, false, serde_json::json!({})),
+                )
+                .await;
+            let status = r.status;
+            let body = r.text().await.expect("a body");
+            if status == 503 && body.contains("body_budget_bytes") {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a request refused for the budget while the slow body holds it");
+    assert!(refused.contains("\"error\""), "{refused}");
+    drop(slow);
+}

@@ -31,6 +31,9 @@ pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a connection's writes may make no progress by default (a client that stopped
 /// reading, its window closed) before the connection is cut.
 pub const DEFAULT_WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes of request bodies being read at once by default (64 bodies of the default 4 MiB
+/// limit); a request past it is refused with 503.
+pub const DEFAULT_BODY_BUDGET_BYTES: usize = 256 << 20;
 /// How long the accept loop pauses after an accept error (out of file descriptors: retrying
 /// at once would spin).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -47,6 +50,9 @@ pub struct HttpLimits {
     /// How long a connection's writes may make no progress (the client stopped reading)
     /// before the connection is cut, freeing its slot and whatever it held.
     pub write_stall_timeout: Duration,
+    /// Bytes of request bodies being read at once: each request reserves its body's length
+    /// (its `Content-Length`, else the largest body allowed) while it is read.
+    pub body_budget_bytes: usize,
 }
 
 impl Default for HttpLimits {
@@ -56,6 +62,7 @@ impl Default for HttpLimits {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
+            body_budget_bytes: DEFAULT_BODY_BUDGET_BYTES,
         }
     }
 }
@@ -115,16 +122,47 @@ pub(super) async fn serve(
     graceful.shutdown().await;
 }
 
-/// The request's body, read within `limits.body_read_timeout` and `max_bytes`.
+/// The memory reserved for request bodies being read, in KiB (a semaphore counts at most
+/// `u32::MAX` permits).
+#[derive(Debug)]
+pub struct BodyBudget(Semaphore);
+
+impl BodyBudget {
+    /// A budget of `limits.body_budget_bytes`.
+    pub fn new(limits: &HttpLimits) -> Self {
+        let kib = limits
+            .body_budget_bytes
+            .div_ceil(1024)
+            .min(Semaphore::MAX_PERMITS);
+        Self(Semaphore::new(kib))
+    }
+}
+
+/// The request's body, read within `limits.body_read_timeout` and `max_bytes`, and while its
+/// length (`declared`, else `max_bytes`) fits what is left of `budget`.
 ///
 /// # Errors
 ///
-/// 413 naming the limit, 408 when the body is late, 400 when it cannot be read.
+/// 413 naming the limit, 503 naming the budget when it is spent, 408 when the body is late,
+/// 400 when it cannot be read.
 pub(super) async fn read_body(
     body: Body,
+    declared: Option<u64>,
     max_bytes: usize,
-    limits: HttpLimits,
+    (limits, budget): (HttpLimits, &BodyBudget),
 ) -> Result<Bytes, ApiError> {
+    let reserve = declared
+        .and_then(|n| usize::try_from(n).ok())
+        .map_or(max_bytes, |n| n.min(max_bytes));
+    let kib = u32::try_from(reserve.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+    // Released when the body has been read (or refused).
+    let Ok(_reserved) = budget.0.try_acquire_many(kib) else {
+        return Err(ApiError::overloaded(format!(
+            "the server is reading as many request bodies as its budget of {} bytes allows \
+             (body_budget_bytes); retry later",
+            limits.body_budget_bytes
+        )));
+    };
     let within = limits.body_read_timeout;
     let read = tokio::time::timeout(within, Limited::new(body, max_bytes).collect()).await;
     match read {

@@ -137,6 +137,8 @@ pub struct Shared {
     pub metrics: FrontendMetrics,
     /// Where request tasks run.
     pub tracker: TaskTracker,
+    /// The memory reserved for request bodies being read.
+    pub bodies: http::BodyBudget,
     next_id: AtomicU64,
 }
 
@@ -197,6 +199,7 @@ impl Frontend {
             stop.clone(),
         );
         tracker.spawn(follow);
+        let bodies = http::BodyBudget::new(&config.http_limits);
         let state = State(Arc::new(Shared {
             admission: Admission::new(config.admission),
             metrics: FrontendMetrics::new(&config.model),
@@ -205,6 +208,7 @@ impl Frontend {
             plane,
             pool,
             tracker: tracker.clone(),
+            bodies,
             next_id: AtomicU64::new(1),
         }));
         let app = router(state.clone());
@@ -359,16 +363,21 @@ async fn generate(state: State, endpoint: Endpoint, req: Request) -> Response {
         e.into_response()
     };
     let (max, limits) = (state.config.max_body_bytes, state.config.http_limits);
-    let body = match http::read_body(req.into_body(), max, limits).await {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let budget = (limits, &state.bodies);
+    let body = match http::read_body(req.into_body(), declared, max, budget).await {
         Ok(b) => b,
         Err(e) => return refuse(e, false),
     };
-    let job = match crate::openai::request::parse(
-        endpoint,
-        &body,
-        &state.config.model,
-        state.config.limits,
-    ) {
+    let parsed =
+        crate::openai::request::parse(endpoint, &body, &state.config.model, state.config.limits);
+    // Not kept while the request waits for its turn and generates.
+    drop(body);
+    let job = match parsed {
         Ok(j) => j,
         Err(e) => return refuse(e, false),
     };
