@@ -26,6 +26,17 @@ async fn stuck_worker(c: &mut Cluster) -> usize {
     c.workers.len() - 1
 }
 
+/// A request for 1,000 tokens (streamed or not) and its whole answer: status and body.
+async fn long_request(addr: std::net::SocketAddr, stream: bool) -> (u16, String) {
+    let mut conn = velo_serve::client::Conn::open(addr).await.expect("connect");
+    let body = chat(1000, stream, serde_json::json!({"ignore_eos": true})).to_string();
+    let r = conn
+        .post("/v1/chat/completions", &body)
+        .await
+        .expect("an answer");
+    (r.status, r.text().await.expect("a body"))
+}
+
 async fn removed_worker_ends_the_request(stream: bool) {
     let mut c = Cluster::start(Plane::Velo, 0, |f| {
         f.removal_grace = Duration::from_millis(200);
@@ -33,16 +44,7 @@ async fn removed_worker_ends_the_request(stream: bool) {
     .await;
     let w = stuck_worker(&mut c).await;
     let stats = c.workers[w].stats().clone();
-    let addr = c.addr();
-    let request = tokio::spawn(async move {
-        let mut conn = velo_serve::client::Conn::open(addr).await.expect("connect");
-        let body = chat(1000, stream, serde_json::json!({"ignore_eos": true})).to_string();
-        let r = conn
-            .post("/v1/chat/completions", &body)
-            .await
-            .expect("an answer");
-        (r.status, r.text().await.expect("a body"))
-    });
+    let request = tokio::spawn(long_request(c.addr(), stream));
     c.wait_for("the worker to open the request's stream", |_| {
         stats.snapshot()[1] == 1
     })
@@ -110,18 +112,8 @@ async fn stalled_worker_fails_the_request(stream: bool) {
     })
     .await;
     stuck_worker(&mut c).await;
-    let (status, body) = tokio::time::timeout(BOUND, async {
-        let mut conn = velo_serve::client::Conn::open(c.addr())
-            .await
-            .expect("connect");
-        let body = chat(1000, stream, serde_json::json!({"ignore_eos": true})).to_string();
-        let r = conn
-            .post("/v1/chat/completions", &body)
-            .await
-            .expect("an answer");
-        (r.status, r.text().await.expect("a body"))
-    })
-    .await
+    let (status, body) = tokio::time::timeout(BOUND, long_request(c.addr(), stream))
+        .await
     .unwrap_or_else(|_| {
         panic!(
             "stream={stream}: a stalled request is still open after {BOUND:?} (item timeout 300 ms)"

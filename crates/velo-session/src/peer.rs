@@ -665,20 +665,43 @@ mod tests {
         (raw.into_io(), theirs)
     }
 
-    /// A frontend looks a worker's connection up for a new lane while its only lane dies: by
-    /// the time the lane would start, the connection is done (unlisted, its counters
-    /// retired, skipped by `close`). The lane must not start on it.
-    #[tokio::test(start_paused = true)]
-    async fn a_lane_is_not_started_on_a_connection_already_done() {
+    /// A frontend's connection to a worker of two lanes, none started, and the HELLO of each
+    /// of the worker's lanes.
+    struct Connection {
+        peer: Peer,
+        abort: CancellationToken,
+        tracker: TaskTracker,
+        hello: Box<dyn Fn(u16) -> velo_wire::Hello>,
+    }
+
+    fn connection() -> Connection {
         let frontend = MuxConfig::builder(Side::Frontend).lanes(2).build().unwrap();
         let worker = MuxConfig::builder(Side::Worker).lanes(2).build().unwrap();
         let (me, them) = (new_instance_id(), new_instance_id());
         let abort = CancellationToken::new();
         let mux = Mux::new(frontend, clock::now());
         let peer = Peer::new(mux, them, None, None, None, &abort, Retired::default());
-        let tracker = TaskTracker::new();
+        Connection {
+            peer,
+            abort,
+            tracker: TaskTracker::new(),
+            hello: Box::new(move |lane| worker.hello(lane, them, me)),
+        }
+    }
+
+    /// A frontend looks a worker's connection up for a new lane while its only lane dies: by
+    /// the time the lane would start, the connection is done (unlisted, its counters
+    /// retired, skipped by `close`). The lane must not start on it.
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_is_not_started_on_a_connection_already_done() {
+        let Connection {
+            peer,
+            abort: _abort,
+            tracker,
+            hello,
+        } = connection();
         let (io0, far0) = lane();
-        let hello0 = worker.hello(0, them, me);
+        let hello0 = hello(0);
         assert!(
             peer.start_lane(LaneId(0), &hello0, io0, &tracker, 4096)
                 .is_ok()
@@ -688,7 +711,7 @@ mod tests {
             .await
             .expect("lane 0's pumps end");
         let (io1, _far1) = lane();
-        let hello1 = worker.hello(1, them, me);
+        let hello1 = hello(1);
         assert!(
             peer.start_lane(LaneId(1), &hello1, io1, &tracker, 4096)
                 .is_err(),
@@ -707,14 +730,13 @@ mod tests {
     /// first under its running pumps (two readers and two writers on one lane).
     #[tokio::test(start_paused = true)]
     async fn a_lane_already_up_is_not_started_again() {
-        let frontend = MuxConfig::builder(Side::Frontend).lanes(2).build().unwrap();
-        let worker = MuxConfig::builder(Side::Worker).lanes(2).build().unwrap();
-        let (me, them) = (new_instance_id(), new_instance_id());
-        let abort = CancellationToken::new();
-        let mux = Mux::new(frontend, clock::now());
-        let peer = Peer::new(mux, them, None, None, None, &abort, Retired::default());
-        let tracker = TaskTracker::new();
-        let hello = worker.hello(0, them, me);
+        let Connection {
+            peer,
+            abort,
+            tracker,
+            hello,
+        } = connection();
+        let hello = hello(0);
         let (first, _far_first) = lane();
         assert!(
             peer.start_lane(LaneId(0), &hello, first, &tracker, 4096)

@@ -439,34 +439,12 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_worker_that_left_while_being_connected_is_not_routed_to() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let instance = Instance {
-            namespace: "ns".into(),
-            component: "backend".into(),
-            endpoint: "generate".into(),
-            instance_id: 7,
-            transport: Transport::Tcp(listener.local_addr().unwrap().to_string()),
-        };
-        let config = response_plane::ResponsePlaneConfig::builder()
-            .host(Some("127.0.0.1".parse().unwrap()))
-            .build()
-            .unwrap();
-        let tracker = TaskTracker::new();
-        let plane = FrontendPlane::bind(config, tracker.clone()).await.unwrap();
         let pool = Pool::new(REMOVAL_GRACE);
-        let (changes_tx, changes) = mpsc::channel(4);
-        changes_tx.send(Change::Added(instance)).await.unwrap();
-        changes_tx.send(Change::Removed(7)).await.unwrap();
-        let (forget, _forgotten) = Forget::channel();
-        let stop = CancellationToken::new();
-        let follow = follow(
-            pool.clone(),
-            plane.clone(),
-            changes,
-            forget,
-            tracker.clone(),
-            stop.clone(),
-        );
-        tracker.spawn(follow);
+        let (changes, _forgotten, plane, _tracker, stop) = following(&pool).await;
+        // Both sent before `follow` first runs (it waits for this task to yield).
+        let worker = instance(listener.local_addr().unwrap());
+        changes.send(Change::Added(worker)).await.unwrap();
+        changes.send(Change::Removed(7)).await.unwrap();
         let (mut conn, _) = tokio::time::timeout(BOUND, listener.accept())
             .await
             .expect("the frontend connects")
