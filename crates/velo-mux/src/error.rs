@@ -50,6 +50,11 @@ pub enum LaneError {
         /// The cap, `max_control_bytes`.
         max: usize,
     },
+    /// Peer's fault: it answered an OPEN neither with ACCEPT nor with CANCEL for the idle
+    /// timeout while the lane stayed alive. The stream, and a worker finishing it (which
+    /// waits for the answer), would wait for ever.
+    #[error("peer left an OPEN unanswered for {0:?}")]
+    Unanswered(Duration),
     /// I/O: the transport under the lane failed or ended.
     #[error("transport lost: {0}")]
     Transport(TransportEnd),
@@ -68,7 +73,7 @@ impl LaneError {
     pub fn close_code(&self) -> Option<CloseCode> {
         match self {
             Self::Malformed(e) => Some(e.close_code()),
-            Self::Protocol(_) => Some(CloseCode::PROTOCOL_ERROR),
+            Self::Protocol(_) | Self::Unanswered(_) => Some(CloseCode::PROTOCOL_ERROR),
             Self::IdleTimeout(_) => Some(CloseCode::IDLE_TIMEOUT),
             Self::ChurnLimit { .. } => Some(CloseCode::CHURN_LIMIT),
             Self::ControlQueueFull { .. } => Some(CloseCode::LIMIT),

@@ -234,6 +234,7 @@ impl Mux {
         } else {
             self.events.push_back(MuxEvent::Accepted(key));
         }
+        self.drop_answered(lane);
         Ok(())
     }
 

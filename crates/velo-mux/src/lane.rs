@@ -65,6 +65,11 @@ pub(crate) struct Lane {
     /// Frontend: streams opened on this lane that the application has not answered yet
     /// (ACCEPT or CANCEL); at most `max_pending_opens`.
     pub(crate) pending_opens: u32,
+    /// Worker: the streams opened on this lane, oldest first, with when. A frontend that
+    /// leaves the oldest unanswered (no ACCEPT, no CANCEL) for the idle timeout while the
+    /// lane stays alive is broken: the lane is closed. Answered entries are dropped as they
+    /// reach the front; at most one per stream.
+    pub(crate) unanswered: VecDeque<(Instant, StreamKey)>,
 }
 
 impl Lane {
@@ -86,6 +91,7 @@ impl Lane {
             blocked: false,
             grant_list: Vec::new(),
             pending_opens: 0,
+            unanswered: VecDeque::new(),
         }
     }
 

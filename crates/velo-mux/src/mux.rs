@@ -427,6 +427,9 @@ impl Mux {
         }
         let heartbeat = l.tx.last_tx + l.peer.heartbeat_interval;
         let mut t = idle.min(heartbeat);
+        if let Some(opened) = self.oldest_unanswered(l) {
+            t = t.min(opened + self.config.idle_timeout);
+        }
         if l.tx.open {
             if let Some(oldest) = l.tx.oldest {
                 t = t.min(oldest + self.config.flush.max_delay);
@@ -464,6 +467,14 @@ impl Mux {
             if now.saturating_duration_since(since) >= idle_timeout {
                 self.close_lane(lane, LaneError::WriteStalled(idle_timeout));
             }
+            return;
+        }
+        self.drop_answered(lane);
+        let l = &mut self.lanes[usize::from(lane.0)];
+        if let Some(&(opened, _)) = l.unanswered.front()
+            && now.saturating_duration_since(opened) >= idle_timeout
+        {
+            self.close_lane(lane, LaneError::Unanswered(idle_timeout));
             return;
         }
         let heartbeat_due =
@@ -626,6 +637,7 @@ impl Mux {
         l.tx.discard();
         l.wire.clear();
         l.grant_list.clear();
+        l.unanswered.clear();
         l.state = LaneState::Closed;
         l.signalled = false;
         if let (true, Some(code)) = (was_up, error.close_code()) {
@@ -637,6 +649,35 @@ impl Mux {
         tracing::debug!(%lane, %error, "lane closed");
         self.events.push_back(MuxEvent::LaneClosed { lane, error });
         self.update_ready_closed(lane);
+    }
+
+    /// Worker: when the oldest stream of lane `l` the frontend has not answered was opened.
+    fn oldest_unanswered(&self, l: &Lane) -> Option<Instant> {
+        l.unanswered
+            .iter()
+            .find(|(_, key)| self.awaits_answer(*key))
+            .map(|(opened, _)| *opened)
+    }
+
+    /// Worker: whether the frontend has answered stream `key` neither with ACCEPT nor with
+    /// CANCEL, while it is live or its end waits for that answer.
+    fn awaits_answer(&self, key: StreamKey) -> bool {
+        matches!(
+            self.streams.get(key),
+            Some(Stream { half: Half::Send(h), state, .. })
+                if !h.accepted && (state.is_live() || h.awaits_delivery())
+        )
+    }
+
+    /// Worker: drops the answered streams at the front of `lane`'s unanswered list.
+    pub(crate) fn drop_answered(&mut self, lane: LaneId) {
+        let i = usize::from(lane.0);
+        while let Some(&(_, key)) = self.lanes.get(i).and_then(|l| l.unanswered.front()) {
+            if self.awaits_answer(key) {
+                return;
+            }
+            self.lanes[i].unanswered.pop_front();
+        }
     }
 
     /// Worker: a stream the frontend had not accepted when its lane died may never have

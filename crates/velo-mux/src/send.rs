@@ -97,6 +97,7 @@ impl Mux {
             s.wire = wire;
         }
         self.lanes[i].streams += 1;
+        self.lanes[i].unanswered.push_back((now, key));
         self.stats.streams_opened += 1;
         let len = open_len(wire, ticket, prologue_len);
         self.push_with(lane, len, now, |out| {

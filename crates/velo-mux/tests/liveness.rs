@@ -115,3 +115,44 @@ fn a_peer_that_announces_a_millisecond_idle_timeout_is_refused() {
         }
     }
 }
+
+/// A frontend that keeps its lane alive (it heartbeats) but answers an OPEN neither with
+/// ACCEPT nor with CANCEL: the worker's stream, and a finish waiting to learn whether its end
+/// was delivered, would wait for ever. After the idle timeout the worker closes the lane, and
+/// the stream is lost (announced again elsewhere, as any stream lost before its ACCEPT).
+#[test]
+fn an_open_left_unanswered_for_the_idle_timeout_closes_the_lane() {
+    let mut pair = Pair::new(one_lane());
+    pair.auto_accept = false;
+    let (s, _) = pair.open_stream(PROLOGUE);
+    let opened = pair.now;
+    pair.worker_finish(s, b"done");
+    pair.drive();
+    let left = opened + IDLE - pair.now;
+    pair.advance(left - Duration::from_millis(1));
+    assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Up);
+    pair.advance(Duration::from_millis(1));
+    assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Closed);
+    assert!(
+        pair.worker_events.iter().any(|e| matches!(e,
+            MuxEvent::LaneClosed { error: LaneError::Unanswered(d), .. } if *d == IDLE)),
+        "{:?}",
+        pair.worker_events
+    );
+}
+
+/// The same frontend answering in time keeps the lane: only an OPEN left unanswered counts.
+#[test]
+fn opens_answered_within_the_idle_timeout_keep_the_lane() {
+    let mut pair = Pair::new(one_lane());
+    pair.auto_accept = false;
+    let (s, ticket) = pair.open_stream(PROLOGUE);
+    pair.drive();
+    pair.advance(IDLE / 2);
+    let key = pair.frontend_key(ticket);
+    let now = pair.now;
+    pair.frontend.accept_stream(now, key);
+    pair.worker_send(s, b"late but answered");
+    pair.advance(IDLE * 2);
+    assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Up);
+}

@@ -74,7 +74,8 @@ impl Retired {
 pub trait Acceptor: Send + Sync + 'static {
     /// Called once per OPEN, outside any lock. The acceptor checks the ticket and token and
     /// either keeps the stream ([`IncomingStream::accept`]) or refuses it
-    /// ([`IncomingStream::refuse`]); dropping it refuses it too.
+    /// ([`IncomingStream::refuse`]); dropping it refuses it too. Answer within the worker's
+    /// idle timeout: a worker closes a lane that leaves an OPEN unanswered that long.
     fn accept(&self, incoming: IncomingStream);
 }
 
