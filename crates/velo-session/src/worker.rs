@@ -341,11 +341,13 @@ impl WorkerInner {
                 return Ok(futures::future::ready(Ok(p)).boxed().shared());
             }
             Some(Entry::Ready(p, _)) => {
-                // Going away: its open streams finish on it; new ones get a new one.
-                let mut draining = self.draining();
-                draining.retain(Peer::is_alive);
-                draining.push(p.clone());
-                0
+                if p.is_alive() {
+                    // Going away: its open streams finish on it; new ones get a new one.
+                    let mut draining = self.draining();
+                    draining.retain(Peer::is_alive);
+                    draining.push(p.clone());
+                }
+                died_young.map_or(0, |(failures, _)| failures)
             }
             // Pruned above: it died.
             None if died_young.is_some() => died_young.map_or(0, |(failures, _)| failures),
