@@ -65,11 +65,22 @@ pub(crate) struct Lane {
     /// Frontend: streams opened on this lane that the application has not answered yet
     /// (ACCEPT or CANCEL); at most `max_pending_opens`.
     pub(crate) pending_opens: u32,
-    /// Worker: the streams opened on this lane, oldest first, with when. A frontend that
-    /// leaves the oldest unanswered (no ACCEPT, no CANCEL) for the idle timeout while the
-    /// lane stays alive is broken: the lane is closed. Answered entries are dropped as they
-    /// reach the front; at most one per stream.
-    pub(crate) unanswered: VecDeque<(Instant, StreamKey)>,
+    /// Worker: the streams opened on this lane, oldest first. A frontend that leaves the
+    /// oldest unanswered (no ACCEPT, no CANCEL) for the idle timeout after its OPEN was taken
+    /// for the transport, while the lane stays alive, is broken: the lane is closed (an OPEN
+    /// still queued behind a backlog has not reached it yet). Answered entries are dropped as
+    /// they reach the front; at most one per stream.
+    pub(crate) unanswered: VecDeque<Unanswered>,
+}
+
+/// Worker: a stream whose OPEN the frontend has not answered yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unanswered {
+    pub(crate) key: StreamKey,
+    /// The chunk (`Tx::pushed_chunks` numbering) its OPEN goes out in.
+    pub(crate) chunk: u64,
+    /// When that chunk was taken for the transport.
+    pub(crate) sent: Option<Instant>,
 }
 
 impl Lane {
@@ -147,6 +158,10 @@ pub(crate) struct Tx {
     pub(crate) packer: Option<Packer>,
     /// Where packed frames are written (its spare capacity is reused like `out`'s).
     packed: BytesMut,
+    /// Chunks ever pushed to `ready`, and ever taken for the transport: a record in the open
+    /// batch goes out in chunk number `pushed_chunks`.
+    pub(crate) pushed_chunks: u64,
+    pub(crate) taken_chunks: u64,
 }
 
 /// A batch just sealed: its records, and the bytes packing saved (0 when sent as a BATCH).
@@ -182,6 +197,8 @@ impl Tx {
             last_tx: now,
             packer: None,
             packed: BytesMut::new(),
+            pushed_chunks: 0,
+            taken_chunks: 0,
         }
     }
 
@@ -201,11 +218,13 @@ impl Tx {
         self.control_ready += control;
         self.ready_control.push_back(control);
         self.ready.push_back(chunk);
+        self.pushed_chunks += 1;
     }
 
     /// Takes the next sealed chunk for the transport.
     pub(crate) fn pop_ready(&mut self) -> Option<Bytes> {
         let chunk = self.ready.pop_front()?;
+        self.taken_chunks += 1;
         self.ready_bytes -= chunk.len();
         self.control_ready -= self.ready_control.pop_front().unwrap_or(0);
         Some(chunk)

@@ -384,6 +384,10 @@ impl Mux {
             chunks += 1;
             out.push(chunk);
         }
+        let taken = l.tx.taken_chunks;
+        for u in l.unanswered.iter_mut().take_while(|u| u.chunk < taken) {
+            u.sent.get_or_insert(now);
+        }
         l.tx.last_tx = now;
         l.writing_since.get_or_insert(now);
         self.stats.bytes_sent += bytes as u64;
@@ -427,8 +431,8 @@ impl Mux {
         }
         let heartbeat = l.tx.last_tx + l.peer.heartbeat_interval;
         let mut t = idle.min(heartbeat);
-        if let Some(opened) = self.oldest_unanswered(l) {
-            t = t.min(opened + self.config.idle_timeout);
+        if let Some(sent) = self.oldest_unanswered(l) {
+            t = t.min(sent + self.config.idle_timeout);
         }
         if l.tx.open {
             if let Some(oldest) = l.tx.oldest {
@@ -471,8 +475,8 @@ impl Mux {
         }
         self.drop_answered(lane);
         let l = &mut self.lanes[usize::from(lane.0)];
-        if let Some(&(opened, _)) = l.unanswered.front()
-            && now.saturating_duration_since(opened) >= idle_timeout
+        if let Some(sent) = l.unanswered.front().and_then(|u| u.sent)
+            && now.saturating_duration_since(sent) >= idle_timeout
         {
             self.close_lane(lane, LaneError::Unanswered(idle_timeout));
             return;
@@ -651,12 +655,13 @@ impl Mux {
         self.update_ready_closed(lane);
     }
 
-    /// Worker: when the oldest stream of lane `l` the frontend has not answered was opened.
+    /// Worker: when the OPEN of the oldest stream of lane `l` the frontend has not answered
+    /// was taken for the transport (`None` while it waits in the lane's queue).
     fn oldest_unanswered(&self, l: &Lane) -> Option<Instant> {
         l.unanswered
             .iter()
-            .find(|(_, key)| self.awaits_answer(*key))
-            .map(|(opened, _)| *opened)
+            .find(|u| self.awaits_answer(u.key))
+            .and_then(|u| u.sent)
     }
 
     /// Worker: whether the frontend has answered stream `key` neither with ACCEPT nor with
@@ -672,7 +677,12 @@ impl Mux {
     /// Worker: drops the answered streams at the front of `lane`'s unanswered list.
     pub(crate) fn drop_answered(&mut self, lane: LaneId) {
         let i = usize::from(lane.0);
-        while let Some(&(_, key)) = self.lanes.get(i).and_then(|l| l.unanswered.front()) {
+        while let Some(key) = self
+            .lanes
+            .get(i)
+            .and_then(|l| l.unanswered.front())
+            .map(|u| u.key)
+        {
             if self.awaits_answer(key) {
                 return;
             }

@@ -8,7 +8,7 @@ use velo_wire::{
     open_len,
 };
 
-use crate::lane::LaneState;
+use crate::lane::{LaneState, Unanswered};
 use crate::mux::{CHAIN_THRESHOLD, lane_id};
 use crate::state::{Event, State};
 use crate::stream::{Half, SendHalf, Stream};
@@ -97,11 +97,17 @@ impl Mux {
             s.wire = wire;
         }
         self.lanes[i].streams += 1;
-        self.lanes[i].unanswered.push_back((now, key));
         self.stats.streams_opened += 1;
         let len = open_len(wire, ticket, prologue_len);
         self.push_with(lane, len, now, |out| {
             encode_open(out, wire, ticket, token, prologue)
+        });
+        // In the open batch: the next chunk pushed.
+        let chunk = self.lanes[i].tx.pushed_chunks;
+        self.lanes[i].unanswered.push_back(Unanswered {
+            key,
+            chunk,
+            sent: None,
         });
         self.lanes[i].tx.open_edge = true;
         self.update_ready(lane, now);

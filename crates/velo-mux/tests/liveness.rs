@@ -156,3 +156,58 @@ fn opens_answered_within_the_idle_timeout_keep_the_lane() {
     pair.advance(IDLE * 2);
     assert_eq!(pair.worker.lane_state(LaneId(0)), LaneState::Up);
 }
+
+/// The bound runs from when the OPEN is taken for the transport, not from when it was queued:
+/// an OPEN behind a backlog (the driver took nothing for twice the idle timeout, the frontend
+/// alive all along) has not reached the frontend, which cannot be blamed for not answering
+/// it. Once taken, the frontend has the idle timeout to answer.
+#[test]
+fn the_answer_is_awaited_from_when_the_open_is_taken_for_the_transport() {
+    let (w, _) = one_lane();
+    // The frontend is not the one to give up on the lane here.
+    let f = MuxConfig::builder(Side::Frontend)
+        .idle_timeout(IDLE * 10)
+        .build()
+        .unwrap()
+        .with_lanes(1);
+    let pair = Pair::new((w, f));
+    let (mut worker, mut frontend, start) = (pair.worker, pair.frontend, pair.now);
+    let lane = LaneId(0);
+    worker
+        .open(start, 1, &velo_wire::Token([7; 16]), PROLOGUE)
+        .unwrap();
+    // Keeps the worker's lane alive: the frontend's heartbeats, each second until `until`.
+    let mut now = start;
+    let mut heartbeat_until = |worker: &mut velo_mux::Mux, now: &mut std::time::Instant, until| {
+        while *now < until {
+            *now += Duration::from_secs(1);
+            frontend.handle_timeout(*now);
+            let mut chunks = Vec::new();
+            while frontend.poll_transmit(*now, lane, &mut chunks).is_some() {
+                frontend.handle_transmitted(*now, lane);
+            }
+            let mut rx = bytes::BytesMut::new();
+            for c in chunks.drain(..) {
+                rx.extend_from_slice(&c);
+            }
+            worker.handle_input(*now, lane, &mut rx).unwrap();
+            worker.handle_timeout(*now);
+        }
+    };
+    heartbeat_until(&mut worker, &mut now, start + IDLE * 2);
+    assert_eq!(
+        worker.lane_state(lane),
+        LaneState::Up,
+        "the OPEN is still queued"
+    );
+    // The driver takes the OPEN (and never delivers it: this frontend does not answer).
+    let mut taken = Vec::new();
+    while worker.poll_transmit(now, lane, &mut taken).is_some() {
+        worker.handle_transmitted(now, lane);
+    }
+    let sent = now;
+    heartbeat_until(&mut worker, &mut now, sent + IDLE - Duration::from_secs(1));
+    assert_eq!(worker.lane_state(lane), LaneState::Up);
+    heartbeat_until(&mut worker, &mut now, sent + IDLE);
+    assert_eq!(worker.lane_state(lane), LaneState::Closed);
+}
