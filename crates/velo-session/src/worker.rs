@@ -138,6 +138,10 @@ struct WorkerInner {
     peers: RwLock<HashMap<FrontendKey, Entry>>,
     /// Connections whose frontend went away: no new streams, open ones finish.
     draining: Mutex<Vec<Peer>>,
+    /// Frontends whose connection died young, pruned from `peers` by another frontend's
+    /// preparation before their own next one: the failures in a row (that death counted),
+    /// how long it lived, and when it was found dead. Kept for [`Backoff::max`].
+    young_deaths: Mutex<HashMap<FrontendKey, (u32, Duration, tokio::time::Instant)>>,
     /// Counters of connections that are done.
     retired: Retired,
     next_preparation: AtomicU64,
@@ -172,6 +176,7 @@ impl WorkerEndpoint {
                 settings,
                 peers: RwLock::new(HashMap::new()),
                 draining: Mutex::new(Vec::new()),
+                young_deaths: Mutex::new(HashMap::new()),
                 retired: Retired::default(),
                 next_preparation: AtomicU64::new(0),
                 tracker,
@@ -320,21 +325,38 @@ impl WorkerInner {
         // frontend that restarts or moves leaves its old entry behind, and nothing else
         // would ever remove it.
         let keep_failure = self.settings.backoff.max;
-        // This frontend's connection, if it died (not: is going away, as the frontend asked)
-        // before `keep_failure`: a failure more in a row, and how long it lived.
-        let died_young = match peers.get(&key) {
-            Some(Entry::Ready(p, young))
-                if !p.is_alive() && !p.is_going_away() && now - young.since < keep_failure =>
-            {
-                Some((young.failures + 1, now - young.since))
-            }
+        // Every frontend's connection that died (not: is going away, as the frontend asked)
+        // before `keep_failure` is remembered as a failure more in a row when it is pruned,
+        // this one's and the others', until their own next preparation.
+        let mut deaths = self
+            .young_deaths
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        deaths.retain(|_, (_, _, found)| now - *found < keep_failure);
+        let died_young_now = |p: &Peer, young: &Young| {
+            (!p.is_alive() && !p.is_going_away() && now - young.since < keep_failure)
+                .then(|| (young.failures + 1, now - young.since, now))
+        };
+        let own = match peers.get(&key) {
+            Some(Entry::Ready(p, young)) => died_young_now(p, young),
             _ => None,
         };
-        peers.retain(|_, e| match e {
+        peers.retain(|k, e| match e {
             Entry::Failed { retry_at, .. } => *retry_at + keep_failure > now,
-            Entry::Ready(p, _) => !p.inner.done.is_cancelled(),
+            Entry::Ready(p, young) => {
+                let done = p.inner.done.is_cancelled();
+                if let (true, Some(death)) = (done, died_young_now(p, young)) {
+                    deaths.insert(*k, death);
+                }
+                !done
+            }
             Entry::Preparing { .. } => true,
         });
+        let recorded = deaths.remove(&key);
+        drop(deaths);
+        let died_young = own
+            .or(recorded)
+            .map(|(failures, lived, _)| (failures, lived));
         let failures = match peers.get(&key) {
             Some(Entry::Ready(p, _)) if p.is_usable() => {
                 let p = p.clone();

@@ -204,6 +204,54 @@ async fn connections_that_keep_dying_young_are_redialled_after_a_backoff() {
     w.shut_down().await;
 }
 
+/// The same with two frontend addresses (a proxy in front of both drops every connection):
+/// preparing one must not forget that the other's connection died young, or each would reset
+/// the other's count and neither would ever back off.
+#[tokio::test(start_paused = true)]
+async fn young_deaths_are_counted_per_frontend_whatever_the_others_do() {
+    let w = World::new();
+    let instance = w.frontend.instance();
+    let other: std::net::SocketAddr = "127.0.0.1:10".parse().unwrap();
+    w.connector.serve_at(other, &w.frontend);
+    let sever_all = || {
+        for lane in w.connector.lanes() {
+            lane.sever.cancel();
+        }
+    };
+    let both = async || {
+        let a = within("a", w.worker.peer(addr(), instance)).await;
+        let b = within("b", w.worker.peer(other, instance)).await;
+        (a, b)
+    };
+    let (a, b) = both().await;
+    let (a, b) = (a.unwrap(), b.unwrap());
+    sever_all();
+    within("both dying", async {
+        a.closed().await;
+        b.closed().await;
+    })
+    .await;
+    // First young deaths: each replaced at once. Preparing `a` also prunes `b`'s dead entry.
+    let (a, b) = both().await;
+    let (a, b) = (a.expect("replaced at once"), b.expect("replaced at once"));
+    sever_all();
+    within("both dying again", async {
+        a.closed().await;
+        b.closed().await;
+    })
+    .await;
+    let (a, b) = both().await;
+    assert!(
+        matches!(a, Err(ConnectError::BackingOff { .. })),
+        "a: {a:?}"
+    );
+    assert!(
+        matches!(b, Err(ConnectError::BackingOff { .. })),
+        "b: {b:?}"
+    );
+    w.shut_down().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_closed_worker_endpoint_prepares_nothing() {
     let w = World::new();
