@@ -174,3 +174,25 @@ async fn bodies_past_the_budget_for_bodies_in_flight_are_refused_at_once() {
     assert!(refused.contains("\"error\""), "{refused}");
     drop(slow);
 }
+
+/// A budget for bodies in flight smaller than the largest body allowed could never let such a
+/// body be read, and would answer "retry later" for ever: the frontend refuses to start,
+/// naming both settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_budget_below_the_largest_body_is_a_startup_error() {
+    let mut config = harness::frontend_config(
+        harness::plane(Plane::Velo),
+        harness::discovery(Duration::from_secs(10)),
+    );
+    config.max_body_bytes = 1 << 20;
+    config.http_limits.body_budget_bytes = 64 * 1024;
+    let error = velo_serve::frontend::Frontend::start(config)
+        .await
+        .err()
+        .expect("refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("body_budget_bytes") && text.contains("max_body_bytes"),
+        "{text}"
+    );
+}

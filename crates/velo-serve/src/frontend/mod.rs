@@ -103,6 +103,18 @@ pub enum FrontendError {
         #[source]
         source: std::io::Error,
     },
+    /// The budget for request bodies in flight is below the largest body: such a body could
+    /// never be read.
+    #[error(
+        "http_limits.body_budget_bytes ({budget}) must be at least max_body_bytes ({max_body}): \
+         a body of the largest size allowed could never be read"
+    )]
+    BodyBudget {
+        /// `http_limits.body_budget_bytes`.
+        budget: usize,
+        /// `max_body_bytes`.
+        max_body: usize,
+    },
     /// The service was configured without the frontend role.
     #[error("the response-plane service does not run the frontend role")]
     NotAFrontend,
@@ -165,6 +177,12 @@ impl Frontend {
     ///
     /// [`FrontendError`] naming what could not start.
     pub async fn start(config: FrontendConfig) -> Result<Self, FrontendError> {
+        if config.http_limits.body_budget_bytes < config.max_body_bytes {
+            return Err(FrontendError::BodyBudget {
+                budget: config.http_limits.body_budget_bytes,
+                max_body: config.max_body_bytes,
+            });
+        }
         let (service, plane_thread) = if config.plane_thread {
             let t = PlaneThread::start(config.service.clone())?;
             (t.service.clone(), Some(t))

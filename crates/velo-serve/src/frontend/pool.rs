@@ -158,9 +158,15 @@ impl Pool {
         true
     }
 
-    /// Counts a failure of worker `id` and returns the pause before it is tried again.
+    /// Counts a failure of worker `id` (while discovery lists it) and returns the pause
+    /// before it is tried again.
     fn failed(&self, id: u64) -> Duration {
+        let listed = self.read().wanted.contains_key(&id);
         let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if !listed {
+            failures.remove(&id);
+            return RETRY_PAUSE;
+        }
         let n = failures.entry(id).or_insert(0);
         let pause = RETRY_PAUSE
             .saturating_mul(1 << (*n).min(16))
@@ -215,7 +221,7 @@ pub async fn follow(
             }
             Some(Change::Removed(id)) => {
                 pool.clear_failures(id);
-                remove(&pool, &plane, &tracker, id, "left discovery");
+                remove(&pool, &plane, (&tracker, &stop), id, "left discovery");
             }
         }
     }
@@ -297,13 +303,27 @@ async fn connect(instance: crate::discovery::Instance, addition: u64, ctx: Conte
         .get(&id)
         .is_some_and(|w| Arc::ptr_eq(w, &entry));
     if current {
-        remove(pool, plane, tracker, id, "request plane connection lost");
+        remove(
+            pool,
+            plane,
+            (tracker, stop),
+            id,
+            "request plane connection lost",
+        );
         ctx.retry_later(id).await;
     }
 }
 
-/// Takes a worker out of routing and ends its streams (see the module docs).
-pub fn remove(pool: &Pool, plane: &FrontendPlane, tracker: &TaskTracker, id: u64, why: &str) {
+/// Takes a worker out of routing and ends its streams (see the module docs): those still
+/// generating after the removal grace. When `stop` comes first, the streams are left to the
+/// plane's own bounded shutdown and the removal's task ends at once.
+pub fn remove(
+    pool: &Pool,
+    plane: &FrontendPlane,
+    (tracker, stop): (&TaskTracker, &CancellationToken),
+    id: u64,
+    why: &str,
+) {
     let Some(entry) = pool.take(id) else { return };
     entry.channel.close();
     let pending = plane.cancel_instance_streams(id);
@@ -314,10 +334,13 @@ pub fn remove(pool: &Pool, plane: &FrontendPlane, tracker: &TaskTracker, id: u64
         workers = pool.len(),
         "worker removed"
     );
-    let grace = pool.removal_grace;
+    let (grace, stop) = (pool.removal_grace, stop.clone());
     tracker.spawn(async move {
-        tokio::time::sleep(grace).await;
-        entry.gone.cancel();
+        // Cancel safety: both branches only wait.
+        tokio::select! {
+            () = tokio::time::sleep(grace) => entry.gone.cancel(),
+            () = stop.cancelled() => {}
+        }
     });
 }
 
@@ -402,6 +425,20 @@ mod tests {
         );
         stop.cancel();
         plane.shutdown().await;
+    }
+
+    /// A connection attempt still running when discovery removes its worker fails later:
+    /// its failure must not be counted for a worker nobody will try again (ids are new per
+    /// worker start, so the count would stay for ever).
+    #[test]
+    fn a_failure_of_a_worker_already_removed_is_not_kept() {
+        let pool = Pool::new(REMOVAL_GRACE);
+        pool.want(7);
+        pool.clear_failures(7);
+        pool.take(7);
+        let _pause = pool.failed(7);
+        let failures = pool.failures.lock().unwrap();
+        assert!(failures.is_empty(), "kept: {failures:?}");
     }
 
     /// Stopping `follow` ends the connection tasks of the workers it routes to, closing their
