@@ -36,12 +36,12 @@ async fn silent_worker(c: &Cluster, instance_id: u64, stop: &CancellationToken) 
 }
 
 /// Four silent workers and four attempts: each attempt used to wait the whole
-/// `establish_timeout` (four of them are at least 4 s, a lower bound the sleeps alone set);
-/// the request's wait is one `establish_timeout` in all (1 s here; 3 s leaves the rest for a
-/// loaded machine).
+/// `establish_timeout` (four of them are at least 8 s, a lower bound the waits alone set);
+/// the request's wait is one `establish_timeout` in all (2 s here; the bound of 6 s leaves
+/// 4 s for a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_no_worker_answers_waits_one_establish_timeout_in_all() {
-    let establish = Duration::from_secs(1);
+    let establish = Duration::from_secs(2);
     let c = Cluster::start(Plane::Velo, 0, |f| {
         f.establish_timeout = establish;
         f.max_attempts = 4;

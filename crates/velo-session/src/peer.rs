@@ -753,8 +753,10 @@ mod tests {
         // end reads nothing from it.
         let mut byte = [0u8; 1];
         let read = tokio::io::AsyncReadExt::read(&mut far_second, &mut byte);
+        // Longer than a heartbeat interval (a third of the idle timeout): a driven lane would
+        // have written one by then (paused time: the wait costs nothing).
         assert!(
-            tokio::time::timeout(Duration::from_secs(1), read)
+            tokio::time::timeout(Duration::from_secs(60), read)
                 .await
                 .is_err(),
             "the refused lane was driven"
