@@ -20,17 +20,23 @@ fn one_lane() -> (MuxConfig, MuxConfig) {
     (w, f)
 }
 
+/// One lane, on a frontend that waits `idle` for silence: longer than the worker, so the
+/// worker's bound is the one a story sees.
+fn patient_frontend(idle: Duration) -> (MuxConfig, MuxConfig) {
+    let (w, _) = one_lane();
+    let f = MuxConfig::builder(Side::Frontend)
+        .idle_timeout(idle)
+        .build()
+        .unwrap()
+        .with_lanes(1);
+    (w, f)
+}
+
 #[test]
 fn a_write_stalled_for_the_idle_timeout_closes_the_lane_though_the_peer_heartbeats() {
     // The frontend waits longer for silence than the worker for its write, so the story
     // does not depend on which of two timers at one instant runs first.
-    let (w, _) = one_lane();
-    let f = MuxConfig::builder(Side::Frontend)
-        .idle_timeout(IDLE * 2)
-        .build()
-        .unwrap()
-        .with_lanes(1);
-    let mut pair = Pair::new((w, f));
+    let mut pair = Pair::new(patient_frontend(IDLE * 2));
     let (s, _) = pair.open_stream(PROLOGUE);
     pair.drive();
     pair.stall_writes(Side::Worker, true);
@@ -163,14 +169,8 @@ fn opens_answered_within_the_idle_timeout_keep_the_lane() {
 /// it. Once taken, the frontend has the idle timeout to answer.
 #[test]
 fn the_answer_is_awaited_from_when_the_open_is_taken_for_the_transport() {
-    let (w, _) = one_lane();
     // The frontend is not the one to give up on the lane here.
-    let f = MuxConfig::builder(Side::Frontend)
-        .idle_timeout(IDLE * 10)
-        .build()
-        .unwrap()
-        .with_lanes(1);
-    let pair = Pair::new((w, f));
+    let pair = Pair::new(patient_frontend(IDLE * 10));
     let (mut worker, mut frontend, start) = (pair.worker, pair.frontend, pair.now);
     let lane = LaneId(0);
     worker
