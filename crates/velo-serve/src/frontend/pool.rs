@@ -427,6 +427,40 @@ mod tests {
         plane.shutdown().await;
     }
 
+    /// A worker removed from discovery keeps its streams for the removal grace (an hour
+    /// here); a frontend stopping meanwhile must not wait for that grace: the removal's task
+    /// ends with the stop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopping_ends_a_removal_still_in_its_grace() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pool = Pool::new(Duration::from_secs(3600));
+        let (changes, _forgotten, plane, tracker, stop) = following(&pool).await;
+        changes
+            .send(Change::Added(instance(listener.local_addr().unwrap())))
+            .await
+            .unwrap();
+        let _conn = tokio::time::timeout(BOUND, listener.accept())
+            .await
+            .expect("the frontend connects")
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        while pool.is_empty() {
+            assert!(start.elapsed() < BOUND, "the worker is never routed to");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        changes.send(Change::Removed(7)).await.unwrap();
+        while !pool.is_empty() {
+            assert!(start.elapsed() < BOUND, "the worker is never removed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        tracker.close();
+        tokio::time::timeout(BOUND, tracker.wait())
+            .await
+            .expect("the removal's grace task ends with the stop");
+        plane.shutdown().await;
+    }
+
     /// A connection attempt still running when discovery removes its worker fails later:
     /// its failure must not be counted for a worker nobody will try again (ids are new per
     /// worker start, so the count would stay for ever).
