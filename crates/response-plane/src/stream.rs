@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use futures::Stream;
 use serde::de::DeserializeOwned;
@@ -95,30 +95,44 @@ impl<T> ResponseStream<T> {
 }
 
 impl<T: DeserializeOwned> ResponseStream<T> {
-    /// Polls for the next raw item (bytes); the typed `Stream` impl decodes them.
-    fn poll_raw(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<bytes::Bytes, ResponseError>>> {
+    /// Polls for the next item, decoded where it lies (the velo plane lends it in place).
+    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Next<T>> {
+        let codec = self.codec;
+        let decoded = |r: Result<T, ResponseError>| match r {
+            Ok(item) => Next::Item(item),
+            Err(e) => Next::Undecodable(e),
+        };
         match &mut self.inner {
             Inner::Classic(r) => match r.poll_item(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(Ok(b))) => Poll::Ready(decoded(codec.decode(&b))),
                 // A quiet end after stop: the worker may close without its sentinel. Any
                 // other loss (a reset, this plane shutting down) is still one.
                 Poll::Ready(Some(Err(ResponseError::Disconnected(Disconnect::Closed))))
                     if self.stopped =>
                 {
-                    Poll::Ready(None)
+                    Poll::Ready(Next::End(None))
                 }
-                other => other,
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Next::End(Some(e))),
+                Poll::Ready(None) => Poll::Ready(Next::End(None)),
             },
-            Inner::Velo(s) => match s.poll_recv(cx) {
-                Poll::Ready(Some(Err(end))) => Poll::Ready(map_end(end, self.stopped).map(Err)),
-                Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(b))),
-                Poll::Ready(None) => Poll::Ready(None),
+            Inner::Velo(s) => match s.poll_recv_slice(cx) {
                 Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(Ok(b))) => Poll::Ready(decoded(codec.decode(b))),
+                Poll::Ready(Some(Err(end))) => Poll::Ready(Next::End(map_end(end, self.stopped))),
+                Poll::Ready(None) => Poll::Ready(Next::End(None)),
             },
         }
     }
+}
+
+/// What [`ResponseStream::poll_item`] found.
+enum Next<T> {
+    Item(T),
+    /// An item that did not decode.
+    Undecodable(ResponseError),
+    /// The end: quiet (`None`) or an error.
+    End(Option<ResponseError>),
 }
 
 /// How a velo stream's abnormal end looks to the application; `None` is a quiet end.
@@ -148,28 +162,20 @@ impl<T: DeserializeOwned> Stream for ResponseStream<T> {
         if this.done {
             return Poll::Ready(None);
         }
-        match this.poll_raw(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => {
-                this.done = true;
-                this.in_flight.end(None);
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Err(e))) => {
-                this.done = true;
+        match ready!(this.poll_item(cx)) {
+            Next::Item(item) => Poll::Ready(Some(Ok(item))),
+            Next::Undecodable(e) => {
+                // The worker sends what we cannot read: stop it, as its fault (it is no
+                // cancellation of its work), and report once.
                 this.in_flight.end(Some(&e));
+                this.end_with(velo_wire::CancelCode::PROTOCOL_ERROR);
                 Poll::Ready(Some(Err(e)))
             }
-            Poll::Ready(Some(Ok(bytes))) => match this.codec.decode(&bytes) {
-                Ok(item) => Poll::Ready(Some(Ok(item))),
-                Err(e) => {
-                    // The worker sends what we cannot read: stop it, as its fault (it is no
-                    // cancellation of its work), and report once.
-                    this.in_flight.end(Some(&e));
-                    this.end_with(velo_wire::CancelCode::PROTOCOL_ERROR);
-                    Poll::Ready(Some(Err(e)))
-                }
-            },
+            Next::End(e) => {
+                this.done = true;
+                this.in_flight.end(e.as_ref());
+                Poll::Ready(e.map(Err))
+            }
         }
     }
 }

@@ -53,7 +53,7 @@ struct Bench {
     rx_front: Vec<BytesMut>,
     rx_worker: Vec<BytesMut>,
     chunks: Vec<Bytes>,
-    items: std::collections::VecDeque<Bytes>,
+    items: velo_mux::ItemQueue,
     now: Instant,
     delivered: u64,
 }
@@ -95,7 +95,7 @@ impl Bench {
             rx_front: vec![BytesMut::with_capacity(256 * 1024); usize::from(LANES)],
             rx_worker: vec![BytesMut::with_capacity(64 * 1024); usize::from(LANES)],
             chunks: Vec::with_capacity(64),
-            items: std::collections::VecDeque::with_capacity(64),
+            items: velo_mux::ItemQueue::new(),
             now,
             delivered: 0,
         };
@@ -138,7 +138,7 @@ impl Bench {
                 MuxEvent::Readable(stream) => {
                     self.frontend.recv_all(now, stream, &mut self.items);
                     self.delivered += self.items.len() as u64;
-                    for item in self.items.drain(..) {
+                    while let Some(item) = self.items.pop() {
                         black_box(item);
                     }
                 }

@@ -7,8 +7,9 @@
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use velo_wire::{CancelCode, Frame, Record, StreamId, Token};
+use velo_wire::{CancelCode, Frame, Record, RecordView, StreamId, Token};
 
+use crate::items::ItemQueue;
 use crate::lane::LaneState;
 use crate::slab::Key;
 use crate::state::{Event, State};
@@ -65,12 +66,7 @@ impl Mux {
             match frame {
                 Frame::Batch(batch) => {
                     self.stats.batches_received += 1;
-                    // Taken out for the batch, so records can borrow it while `self` handles
-                    // them; put back whatever happens.
-                    let mut arena = std::mem::take(&mut self.arena);
-                    let handled = self.on_batch(now, lane, &batch, &mut arena);
-                    self.arena = arena;
-                    handled?;
+                    self.on_batch(now, lane, &batch)?;
                 }
                 Frame::Close(close) => {
                     return Err(LaneError::PeerClosed {
@@ -89,21 +85,50 @@ impl Mux {
         now: Instant,
         lane: LaneId,
         batch: &velo_wire::Batch,
-        arena: &mut velo_wire::PayloadArena,
     ) -> Result<(), LaneError> {
         // A slice keeps the whole body alive: only payloads longer than a quarter of it stay
         // slices, so an item pins at most 4 times its size whatever frame it came in (a
         // PACKED frame of 130 KiB can unpack to 32 MiB of HEARTBEATs around one item).
         let copy_below = COPY_BELOW.max(batch.body().len() / 4 + 1);
-        for record in batch.records_copying_into(copy_below, arena) {
+        let body = batch.body();
+        for record in batch.record_views() {
             self.stats.records_received += 1;
-            self.on_record(now, lane, record?)?;
+            match record? {
+                RecordView::Data {
+                    stream,
+                    seq,
+                    payload,
+                } if self.config.side == Side::Frontend => {
+                    let item = Arrived::new(payload, body, copy_below);
+                    self.on_data(now, lane, stream, seq, item, false)?;
+                }
+                RecordView::Data {
+                    stream,
+                    seq,
+                    payload,
+                } => {
+                    let payload = Bytes::copy_from_slice(payload);
+                    let record = Record::Data {
+                        stream,
+                        seq,
+                        payload,
+                    };
+                    self.on_record(now, lane, record, copy_below)?;
+                }
+                RecordView::Decoded(record) => self.on_record(now, lane, record, copy_below)?,
+            }
             self.check_control_bytes(lane)?;
         }
         Ok(())
     }
 
-    fn on_record(&mut self, now: Instant, lane: LaneId, record: Record) -> Result<(), LaneError> {
+    fn on_record(
+        &mut self,
+        now: Instant,
+        lane: LaneId,
+        record: Record,
+        copy_below: usize,
+    ) -> Result<(), LaneError> {
         match (self.config.side, record) {
             (_, Record::Heartbeat) => Ok(()),
             (_, Record::GoAway { code }) => {
@@ -113,7 +138,7 @@ impl Mux {
                 }
                 Ok(())
             }
-            (Side::Frontend, record) => self.on_worker_record(now, lane, record),
+            (Side::Frontend, record) => self.on_worker_record(now, lane, record, copy_below),
             (Side::Worker, record) => self.on_frontend_record(lane, record),
         }
     }
@@ -124,6 +149,7 @@ impl Mux {
         now: Instant,
         lane: LaneId,
         record: Record,
+        copy_below: usize,
     ) -> Result<(), LaneError> {
         match record {
             Record::Open {
@@ -136,12 +162,18 @@ impl Mux {
                 stream,
                 seq,
                 payload,
-            } => self.on_data(now, lane, stream, seq, payload, false),
+            } => {
+                let item = Arrived::new(&payload, &payload, copy_below);
+                self.on_data(now, lane, stream, seq, item, false)
+            }
             Record::Final {
                 stream,
                 seq,
                 payload,
-            } => self.on_data(now, lane, stream, seq, payload, true),
+            } => {
+                let item = Arrived::new(&payload, &payload, copy_below);
+                self.on_data(now, lane, stream, seq, item, true)
+            }
             Record::Error {
                 stream,
                 code,
@@ -370,13 +402,13 @@ impl Mux {
         lane: LaneId,
         id: StreamId,
         seq: u32,
-        payload: Bytes,
+        item: Arrived<'_>,
         last: bool,
     ) -> Result<(), LaneError> {
         let Some(key) = self.live_wire(lane, id) else {
             return Ok(());
         };
-        let len = payload.len() as u64;
+        let len = item.payload.len() as u64;
         let Some(s) = self.streams.get_mut(key) else {
             return Ok(());
         };
@@ -394,8 +426,8 @@ impl Mux {
             r.seq = r.seq.wrapping_add(1);
         }
         self.stats.payload_bytes_received += len;
-        if !last || !payload.is_empty() {
-            r.queue.push_back(payload);
+        if !last || !item.payload.is_empty() {
+            item.push_to(&mut r.queue);
             r.final_queued = last;
             if !r.readable_signalled {
                 r.readable_signalled = true;
@@ -560,11 +592,8 @@ impl Mux {
     }
 }
 
-/// Items below this many bytes are copied out of the receive buffer as their record is decoded
-/// ([`velo_wire::Batch::records_copying_into`]); larger ones stay slices of it. Those of at
-/// most [`velo_wire::ARENA_MAX_PAYLOAD`] (512) bytes share 4 KiB chunks (one allocation per
-/// chunk, not per item), so such an item keeps at most 4 KiB alive; the others get an
-/// allocation of their own.
+/// Items below this many bytes are copied out of the receive buffer into their stream's own
+/// buffer ([`ItemQueue`]) as their record is decoded; larger ones stay slices of it.
 ///
 /// A slice keeps its whole buffer alive (a reader's 64 KiB, or a frame of up to 32 MiB), so
 /// a consumer that stops reading would hold a window of buffers for a window of small items:
@@ -574,3 +603,31 @@ impl Mux {
 /// frames and every unpacked PACKED body get a buffer of their own). The copy costs ~16 ns
 /// per item (`cargo bench -p velo-mux`, 100 B items).
 pub const COPY_BELOW: usize = 16 * 1024;
+
+/// A DATA or FINAL payload as it arrived: borrowed from `source`, the buffer it came in.
+struct Arrived<'a> {
+    payload: &'a [u8],
+    source: &'a Bytes,
+    /// Payloads shorter than this are copied into their stream's queue; longer ones are kept
+    /// as slices of `source`.
+    copy_below: usize,
+}
+
+impl<'a> Arrived<'a> {
+    /// `payload` must lie within `source`.
+    fn new(payload: &'a [u8], source: &'a Bytes, copy_below: usize) -> Self {
+        Self {
+            payload,
+            source,
+            copy_below,
+        }
+    }
+
+    fn push_to(self, queue: &mut ItemQueue) {
+        if self.payload.len() < self.copy_below {
+            queue.push_copy(self.payload);
+        } else {
+            queue.push_bytes(self.source.slice_ref(self.payload));
+        }
+    }
+}

@@ -44,8 +44,8 @@
 //! | silence from the peer | `idle_timeout` (10 s) | the lane closes ([`LaneError::IdleTimeout`]) |
 //! | peer's heartbeat demand | a HELLO's idle timeout within 100 ms..=1 h | the lane is refused ([`handshake::HandshakeError::IdleTimeout`]) |
 //! | frontend slot table per lane | 1 KiB page per 64 worker slots in use, plus 8 B per page up to the highest | pages are freed with their last stream |
-//! | bytes a queued item keeps alive (frontend) | items under [`COPY_BELOW`] (16 KiB) are copied out of the receive buffer (those of at most 512 B into shared 4 KiB chunks, so one keeps at most 4 KiB alive), and so are those of at most a quarter of their batch's body; the others pin at most 4 times their size, whatever the frame | a consumer that stops reading costs its items' bytes, not the buffers they arrived in |
-//! | receive queues kept for reuse (frontend) | [`SPARE_QUEUES`] (256) of at most [`SPARE_QUEUE_ITEMS`] (64) items: 512 KiB | a released stream's queue is dropped instead of kept |
+//! | bytes a queued item keeps alive (frontend) | items under [`COPY_BELOW`] (16 KiB) are copied out of the receive buffer into their stream's own buffer ([`ItemQueue`]: at most twice its unread bytes, [`ITEM_BUFFER_KEEP`] (4 KiB) once emptied), and so are those of at most a quarter of their batch's body; the others pin at most 4 times their size, whatever the frame | a consumer that stops reading costs its items' bytes, not the buffers they arrived in |
+//! | receive queues kept for reuse (frontend) | [`SPARE_QUEUES`] (256) of at most [`SPARE_QUEUE_ITEMS`] (64) items and [`ITEM_BUFFER_KEEP`] bytes: 1.1 MiB | a released stream's queue is dropped instead of kept |
 //! | a stream's prologue (both sides) | `max_prologue_len` (64 KiB); a frontend keeps a copy, not the frame it came in | worker: [`OpenError::PrologueTooLarge`]; frontend: the OPEN is refused with CANCEL `protocol_error`, counted as churn |
 //! | streams refused, reset or killed for a protocol violation before their first item, per connection (frontend) | `churn_limit` (a burst of 1,024, then 256/s) | the lane that went past it closes with CLOSE `churn_limit` ([`LaneError::ChurnLimit`]) |
 //! | frame size | `max_frame_len` (32 MiB) | larger incoming frames close the lane; larger items are refused ([`SendError::TooLarge`]) |
@@ -76,6 +76,7 @@ mod event;
 pub mod flush;
 pub mod handshake;
 mod input;
+mod items;
 mod lane;
 mod mux;
 mod recv;
@@ -105,6 +106,7 @@ pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError, Transport
 pub use event::MuxEvent;
 pub use flush::{FlushPolicy, FlushReason};
 pub use input::COPY_BELOW;
+pub use items::{ITEM_BUFFER_KEEP, ItemQueue};
 pub use lane::{LaneId, LaneState};
 pub use mux::{CHAIN_THRESHOLD, LaneSet, MAX_TRANSMIT_CHUNKS, Mux, Transmit};
 pub use recv::Recv;

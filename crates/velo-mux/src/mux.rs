@@ -107,8 +107,6 @@ pub struct Mux {
     pub(crate) churn: crate::churn::ChurnBucket,
     /// Receive queues of released streams, for the next accepted ones (frontend).
     pub(crate) spare_queues: crate::spare::SpareQueues,
-    /// Where received small payloads are copied (one chunk of at most 4 KiB at a time).
-    pub(crate) arena: velo_wire::PayloadArena,
 }
 
 impl Mux {
@@ -127,7 +125,6 @@ impl Mux {
             local_goaway: false,
             churn: crate::churn::ChurnBucket::new(config.churn, now),
             spare_queues: crate::spare::SpareQueues::default(),
-            arena: velo_wire::PayloadArena::new(),
             config,
         }
     }

@@ -2,11 +2,10 @@
 
 use std::time::Instant;
 
-use std::collections::VecDeque;
-
 use bytes::Bytes;
 use velo_wire::{CancelCode, Record};
 
+use crate::items::ItemQueue;
 use crate::lane::LaneState;
 use crate::state::{Event, State};
 use crate::stream::Half;
@@ -32,7 +31,7 @@ impl Mux {
         let Half::Recv(r) = &mut s.half else {
             return None;
         };
-        if let Some(item) = r.queue.pop_front() {
+        if let Some(item) = r.queue.pop_bytes() {
             let used_credit = !(r.final_queued && r.queue.is_empty());
             if r.queue.is_empty() {
                 r.readable_signalled = false;
@@ -56,13 +55,13 @@ impl Mux {
     /// one per item) and returns the end if it was reached. Returns `None` for an unknown key.
     ///
     /// When `out` is empty the queues are swapped, not copied: the reader takes the whole
-    /// queue in O(1) and hands back its own (empty, allocated) deque for the next items; a
-    /// reader's unallocated deque is first replaced by a kept one (see [`Mux::give_queue`]).
+    /// queue in O(1) and hands back its own (empty, allocated) queue for the next items; a
+    /// reader's unallocated queue is first replaced by a kept one (see [`Mux::give_queue`]).
     pub fn recv_all(
         &mut self,
         now: Instant,
         key: StreamKey,
-        out: &mut VecDeque<Bytes>,
+        out: &mut ItemQueue,
     ) -> Option<Option<StreamEnd>> {
         let s = self.streams.get_mut(key)?;
         let lane = s.lane;
@@ -73,15 +72,11 @@ impl Mux {
         let taken = r.queue.len();
         let credited =
             u32::try_from(taken - usize::from(r.final_queued && taken > 0)).unwrap_or(u32::MAX);
-        if out.is_empty() {
-            if out.capacity() == 0 {
-                // A reader's first take: hand the stream a kept queue, not an unallocated one.
-                *out = self.spare_queues.take();
-            }
-            std::mem::swap(out, &mut r.queue);
-        } else {
-            out.extend(r.queue.drain(..));
+        if out.is_empty() && out.item_capacity() == 0 {
+            // A reader's first take: hand the stream a kept queue, not an unallocated one.
+            *out = self.spare_queues.take();
         }
+        out.append(&mut r.queue);
         r.final_queued = false;
         r.readable_signalled = false;
         let end = if r.end_delivered {
@@ -99,7 +94,7 @@ impl Mux {
 
     /// Frontend: a reader's queue it no longer needs (its stream was released), kept for the
     /// next streams' readers within the same bound as released streams' queues.
-    pub fn give_queue(&mut self, queue: VecDeque<Bytes>) {
+    pub fn give_queue(&mut self, queue: ItemQueue) {
         self.spare_queues.give(queue);
     }
 

@@ -1,10 +1,8 @@
 //! Receive queues kept for reuse: a frontend accepts and releases thousands of streams a
-//! second, and a new stream's queue would otherwise grow from nothing (an allocation at 4, 8,
-//! 16 and 32 items) every time.
+//! second, and a new stream's queue would otherwise grow from nothing (allocations at 4, 8,
+//! 16 and 32 items, and for its buffer) every time.
 
-use std::collections::VecDeque;
-
-use bytes::Bytes;
+use crate::items::{ITEM_BUFFER_KEEP, ItemQueue};
 
 /// Most released queues kept.
 pub const SPARE_QUEUES: usize = 256;
@@ -14,28 +12,32 @@ pub const SPARE_QUEUES: usize = 256;
 pub const SPARE_QUEUE_ITEMS: usize = 64;
 
 /// Empty receive queues of released streams: at most [`SPARE_QUEUES`], each with room for at
-/// most [`SPARE_QUEUE_ITEMS`] items (2 KiB), so at most 512 KiB whatever the peer does.
+/// most [`SPARE_QUEUE_ITEMS`] items and [`ITEM_BUFFER_KEEP`] bytes (4.25 KiB), so at most
+/// 1.1 MiB whatever the peer does.
 #[derive(Debug, Default)]
 pub(crate) struct SpareQueues {
-    queues: Vec<VecDeque<Bytes>>,
+    queues: Vec<ItemQueue>,
 }
 
 impl SpareQueues {
     /// An empty queue, reused if one is kept.
-    pub(crate) fn take(&mut self) -> VecDeque<Bytes> {
+    pub(crate) fn take(&mut self) -> ItemQueue {
         self.queues.pop().unwrap_or_default()
     }
 
     /// Keeps `queue` (emptied: its unread items are dropped now) if there is room and it is
     /// not oversized.
-    pub(crate) fn give(&mut self, mut queue: VecDeque<Bytes>) {
-        if queue.capacity() == 0
-            || queue.capacity() > SPARE_QUEUE_ITEMS
+    pub(crate) fn give(&mut self, mut queue: ItemQueue) {
+        if queue.item_capacity() == 0
+            || queue.item_capacity() > SPARE_QUEUE_ITEMS
             || self.queues.len() >= SPARE_QUEUES
         {
             return;
         }
         queue.clear();
+        if queue.buffer_capacity() > ITEM_BUFFER_KEEP {
+            return;
+        }
         self.queues.push(queue);
     }
 
@@ -49,22 +51,28 @@ impl SpareQueues {
 mod tests {
     use super::*;
 
+    fn queue_of(items: usize) -> ItemQueue {
+        let mut q = ItemQueue::new();
+        for _ in 0..items {
+            q.push_copy(b"unread");
+        }
+        q
+    }
+
     #[test]
     fn keeps_at_most_the_bound_and_never_an_oversized_or_unallocated_queue() {
         let mut spare = SpareQueues::default();
-        spare.give(VecDeque::new());
-        spare.give(VecDeque::with_capacity(SPARE_QUEUE_ITEMS * 2));
+        spare.give(ItemQueue::new());
+        spare.give(queue_of(SPARE_QUEUE_ITEMS * 2));
         assert_eq!(spare.len(), 0);
         for _ in 0..SPARE_QUEUES + 10 {
-            let mut q = VecDeque::with_capacity(8);
-            q.push_back(Bytes::from_static(b"unread"));
-            spare.give(q);
+            spare.give(queue_of(8));
         }
         assert_eq!(spare.len(), SPARE_QUEUES);
         let q = spare.take();
         assert!(
-            q.is_empty() && q.capacity() >= 8,
-            "a kept queue is empty and allocated"
+            q.is_empty() && q.item_capacity() >= 8 && q.buffer_capacity() <= ITEM_BUFFER_KEEP,
+            "a kept queue is empty, allocated, and within its share of buffer"
         );
     }
 }

@@ -1,10 +1,8 @@
 //! Per-stream bookkeeping for each side.
 
-use std::collections::VecDeque;
-
-use bytes::Bytes;
 use velo_wire::{StreamId, Token};
 
+use crate::items::ItemQueue;
 use crate::state::State;
 use crate::{LaneId, StreamEnd};
 
@@ -68,8 +66,8 @@ impl SendHalf {
 #[derive(Debug)]
 pub(crate) struct RecvHalf {
     /// Items not yet read. Every one used credit (DATA) except, when `final_queued`, the last
-    /// (the item FINAL carried). A plain deque of `Bytes`, so a reader can take it whole.
-    pub(crate) queue: VecDeque<Bytes>,
+    /// (the item FINAL carried). A reader takes it whole.
+    pub(crate) queue: ItemQueue,
     /// The last queued item came with FINAL and used no credit.
     pub(crate) final_queued: bool,
     /// The end, delivered after the queue drains.
@@ -98,7 +96,7 @@ pub(crate) struct RecvHalf {
 
 impl RecvHalf {
     /// A live stream's receive half; `queue` is empty (a kept one, or new).
-    pub(crate) fn new(window: u32, queue: VecDeque<Bytes>) -> Self {
+    pub(crate) fn new(window: u32, queue: ItemQueue) -> Self {
         Self {
             queue,
             final_queued: false,

@@ -211,7 +211,7 @@ fn released_receive_queues_are_reused_by_the_next_streams_and_a_burst_keeps_at_m
     pair.drive();
     let key = pair.frontend_key(ticket);
     let kept = pair.frontend.spare_queue_count();
-    let mut reader = std::collections::VecDeque::new();
+    let mut reader = velo_mux::ItemQueue::new();
     pair.frontend.recv_all(pair.now, key, &mut reader);
     assert_eq!(reader.len(), 1);
     assert_eq!(pair.frontend.spare_queue_count(), kept - 1);

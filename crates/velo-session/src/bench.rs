@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use crate::{Acceptor, IncomingStream};
 
 /// Measured seconds per run unless `--secs` says otherwise.
@@ -117,15 +115,11 @@ impl Stop {
 #[derive(Debug, Clone)]
 pub struct EachItem<F>(pub F);
 
-impl<F: Fn(Bytes) + Clone + Send + Sync + 'static> Acceptor for EachItem<F> {
+impl<F: Fn(&[u8]) + Clone + Send + Sync + 'static> Acceptor for EachItem<F> {
     fn accept(&self, incoming: IncomingStream) {
         let mut stream = incoming.accept();
         let on_item = self.0.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(item)) = stream.recv().await {
-                on_item(item);
-            }
-        });
+        tokio::spawn(async move { while let Some(Ok(())) = stream.recv_with(&on_item).await {} });
     }
 }
 

@@ -28,13 +28,11 @@
 //! itself under the connection's lock: either way the next item makes a `Readable` that finds
 //! it waiting.
 
-use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::Instant;
 
-use bytes::Bytes;
-use velo_mux::{Mux, StreamEnd, StreamKey};
+use velo_mux::{ItemQueue, Mux, StreamEnd, StreamKey};
 
 /// One frontend stream's mailbox; shared by its handle and its connection's waker table.
 #[derive(Debug, Default)]
@@ -44,7 +42,7 @@ pub(crate) struct Mailbox(Mutex<Slot>);
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
     /// Items handed over by a lane reader, in order.
-    pub(crate) items: VecDeque<Bytes>,
+    pub(crate) items: ItemQueue,
     /// The stream's end, handed over after its last item.
     pub(crate) end: Option<StreamEnd>,
     /// The handle waiting with nothing in hand.

@@ -1,12 +1,11 @@
 //! The frontend's handle on one response stream.
 
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use velo_mux::{StreamEnd, StreamKey};
+use velo_mux::{ItemQueue, StreamEnd, StreamKey};
 use velo_wire::{CancelCode, Token};
 
 use crate::mailbox::Mailbox;
@@ -26,7 +25,7 @@ use crate::peer::Peer;
 pub struct RecvStream {
     peer: Peer,
     key: StreamKey,
-    items: VecDeque<Bytes>,
+    items: ItemQueue,
     end: Option<StreamEnd>,
     reported: bool,
     mailbox: Arc<Mailbox>,
@@ -39,7 +38,7 @@ impl RecvStream {
         Self {
             peer,
             key,
-            items: VecDeque::new(),
+            items: ItemQueue::new(),
             end: None,
             reported: false,
             mailbox: Arc::default(),
@@ -49,21 +48,56 @@ impl RecvStream {
 
     /// The next item: `Some(Ok(item))`, `Some(Err(end))` once for an abnormal end, `None`
     /// after a clean end (and after the abnormal end was reported).
+    ///
+    /// Each item is handed over as `Bytes` of its own (a copy for a small one):
+    /// [`recv_with`](Self::recv_with) reads it in place instead.
     pub async fn recv(&mut self) -> Option<Result<Bytes, StreamEnd>> {
         poll_fn(|cx| self.poll_recv(cx)).await
     }
 
     /// Polls for the next item; see [`recv`](Self::recv).
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, StreamEnd>>> {
-        if let Some(item) = self.items.pop_front() {
-            return Poll::Ready(Some(Ok(item)));
+        if self.ready(cx) {
+            return Poll::Ready(self.items.pop_bytes().map(Ok));
         }
-        if self.end.is_none() {
+        self.poll_end()
+    }
+
+    /// The next item, read in place by `read`: as [`recv`](Self::recv), without an allocation
+    /// or a shared reference count per item.
+    pub async fn recv_with<R>(
+        &mut self,
+        mut read: impl FnMut(&[u8]) -> R,
+    ) -> Option<Result<R, StreamEnd>> {
+        poll_fn(|cx| {
+            self.poll_recv_slice(cx)
+                .map(|r| r.map(|r| r.map(&mut read)))
+        })
+        .await
+    }
+
+    /// Polls for the next item, lent until the next call; see [`recv_with`](Self::recv_with).
+    pub fn poll_recv_slice(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<&[u8], StreamEnd>>> {
+        if self.ready(cx) {
+            return Poll::Ready(self.items.pop().map(Ok));
+        }
+        self.poll_end()
+    }
+
+    /// Whether an item is in hand, taking what the stream has when none is (and registering
+    /// `cx` when it has nothing).
+    fn ready(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.items.is_empty() && self.end.is_none() {
             self.take(cx);
-            if let Some(item) = self.items.pop_front() {
-                return Poll::Ready(Some(Ok(item)));
-            }
         }
+        !self.items.is_empty()
+    }
+
+    /// The end, once no item is left: reported once, then `None`; `Pending` before it.
+    fn poll_end<T>(&mut self) -> Poll<Option<Result<T, StreamEnd>>> {
         match &self.end {
             None => Poll::Pending,
             Some(_) if self.reported => Poll::Ready(None),

@@ -56,7 +56,7 @@ fn run(streams: u64, lanes: u16, policy: FlushPolicy, timing: Timing) -> Outcome
             ftid_tx.send(ThreadCpu::current()).unwrap();
             let tracker = TaskTracker::new();
             let mux = MuxConfig::builder(Side::Frontend).build().unwrap();
-            let acceptor = EachItem(move |_| {
+            let acceptor = EachItem(move |_: &[u8]| {
                 delivered.fetch_add(1, Ordering::Relaxed);
             });
             let parts = FrontendParts::new(mux, Arc::new(acceptor), tracker.clone());

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
@@ -194,7 +194,7 @@ fn run(lanes: Lanes, load: Load, streams: u64, policy: FlushPolicy, timing: Timi
         let (shared, stop) = (shared.clone(), stop.clone());
         bench::spawn_side(move || async move {
             let tracker = TaskTracker::new();
-            let acceptor = EachItem(move |item: Bytes| shared.on_item(&item));
+            let acceptor = EachItem(move |item: &[u8]| shared.on_item(item));
             let f = Front::bind(lanes, Arc::new(acceptor), &tracker).await;
             addr_tx.send(f.target()).unwrap();
             stop.wait().await;

@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, Bytes};
 
-use crate::{PayloadArena, Record, WireError};
+use crate::{Record, StreamId, WireError};
 
 /// A received batch frame body.
 ///
@@ -64,20 +64,18 @@ impl Batch {
             pos: 0,
             failed: false,
             copy_below: limit,
-            arena: None,
         }
     }
 
-    /// As [`records_copying_below`](Self::records_copying_below), but small payloads are
-    /// copied into `arena`'s shared chunks: one allocation per chunk, not one per payload.
-    pub fn records_copying_into<'a>(
-        &'a self,
-        limit: usize,
-        arena: &'a mut PayloadArena,
-    ) -> Records<'a> {
-        Records {
-            arena: Some(arena),
-            ..self.records_copying_below(limit)
+    /// The records, decoded lazily, with each DATA payload left in the body: a receiver that
+    /// copies payloads where it keeps them (the mux, into each stream's own buffer) touches
+    /// no shared reference count per record. Other records are decoded as by
+    /// [`records`](Self::records).
+    pub fn record_views(&self) -> RecordViews<'_> {
+        RecordViews {
+            body: &self.body,
+            pos: 0,
+            failed: false,
         }
     }
 
@@ -95,8 +93,6 @@ pub struct Records<'a> {
     failed: bool,
     /// Payloads shorter than this are copied, not sliced.
     copy_below: usize,
-    /// Where they are copied to (else each into an allocation of its own).
-    arena: Option<&'a mut PayloadArena>,
 }
 
 impl Records<'_> {
@@ -115,15 +111,61 @@ impl Iterator for Records<'_> {
             return None;
         }
         // Nearly every record is a DATA record with small fields: decode those inline.
-        let arena = self.arena.as_deref_mut();
-        if let Some(r) =
-            crate::record::decode_data_fast(self.body, &mut self.pos, self.copy_below, arena)
+        if let Some(r) = crate::record::decode_data_fast(self.body, &mut self.pos, self.copy_below)
         {
             return Some(Ok(r));
         }
         let r = Record::decode(self.body, &mut self.pos);
         self.failed = r.is_err();
-        let arena = self.arena.as_deref_mut();
-        Some(r.map(|r| r.owning_payload_below(self.copy_below, arena)))
+        Some(r.map(|r| r.owning_payload_below(self.copy_below)))
+    }
+}
+
+/// A record as [`Batch::record_views`] yields it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordView<'a> {
+    /// A DATA record whose payload is still in the batch body.
+    Data {
+        /// The opener's stream id.
+        stream: StreamId,
+        /// The item's sequence number.
+        seq: u32,
+        /// The item, borrowed from the body.
+        payload: &'a [u8],
+    },
+    /// Any other record (a DATA record with a field too wide for the inline decoder among
+    /// them), as [`Batch::records`] decodes it.
+    Decoded(Record),
+}
+
+/// Iterator over a batch's records as views; yields `Err` at most once, then ends.
+#[derive(Debug)]
+pub struct RecordViews<'a> {
+    body: &'a Bytes,
+    pos: usize,
+    failed: bool,
+}
+
+impl<'a> Iterator for RecordViews<'a> {
+    type Item = Result<RecordView<'a>, WireError>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.pos >= self.body.len() {
+            return None;
+        }
+        let body: &'a Bytes = self.body;
+        if let Some((stream, seq, range)) = crate::record::data_view_fast(body, &mut self.pos)
+            && let Some(payload) = body.get(range)
+        {
+            return Some(Ok(RecordView::Data {
+                stream,
+                seq,
+                payload,
+            }));
+        }
+        let r = Record::decode(body, &mut self.pos);
+        self.failed = r.is_err();
+        Some(r.map(RecordView::Decoded))
     }
 }

@@ -5,14 +5,15 @@ pub mod replay;
 
 use bytes::BytesMut;
 
-use crate::{Batch, FRAME_HEADER_LEN, Frame, FrameDecoder, FrameKind, Packer, Record};
+use crate::{Batch, FRAME_HEADER_LEN, Frame, FrameDecoder, FrameKind, Packer, Record, RecordView};
 
 /// Largest frame body accepted by the fuzz decoder: small, so inputs exercise the limit.
 pub const FUZZ_MAX_FRAME_LEN: u32 = 64 * 1024;
 
 /// Decodes `data` as a stream of frames and checks the codec's promises:
 /// decoding never panics, and every frame that decodes (records included) re-encodes to
-/// exactly the bytes it was decoded from. A PACKED frame's batch re-encodes to exactly the
+/// exactly the bytes it was decoded from, and a batch's record views agree with its records,
+/// errors included. A PACKED frame's batch re-encodes to exactly the
 /// body it unpacked to, and that body packed again by [`Packer`] decodes to the same batch.
 ///
 /// Returns how many frames decoded before the input ended or turned out corrupt.
@@ -36,6 +37,7 @@ pub fn decode_roundtrip(data: &[u8]) -> usize {
         offset += consumed;
         let canonical = match &frame {
             Frame::Batch(batch) if original.first() == Some(&FrameKind::Packed.to_byte()) => {
+                views_agree(batch);
                 let records: Result<Vec<Record>, _> = batch.records().collect();
                 let Ok(records) = records else { return frames };
                 assert_eq!(
@@ -47,6 +49,7 @@ pub fn decode_roundtrip(data: &[u8]) -> usize {
                 original.to_vec()
             }
             Frame::Batch(batch) => {
+                views_agree(batch);
                 let records: Result<Vec<Record>, _> = batch.records().collect();
                 let Ok(records) = records else { return frames };
                 let mut out = Vec::new();
@@ -65,6 +68,35 @@ pub fn decode_roundtrip(data: &[u8]) -> usize {
         );
         frames += 1;
     }
+}
+
+/// Checks that [`Batch::record_views`] yields what [`Batch::records`] does, record for record
+/// and error for error.
+fn views_agree(batch: &Batch) {
+    let mut views = batch.record_views();
+    for record in batch.records() {
+        let Some(view) = views.next() else {
+            panic!("fewer views than records");
+        };
+        match (record, view) {
+            (Ok(record), Ok(RecordView::Decoded(view))) => assert_eq!(record, view),
+            (
+                Ok(Record::Data {
+                    stream,
+                    seq,
+                    payload,
+                }),
+                Ok(RecordView::Data {
+                    stream: s,
+                    seq: q,
+                    payload: p,
+                }),
+            ) => assert_eq!((stream, seq, &payload[..]), (s, q, p)),
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            (record, view) => panic!("a view differs: {record:?} against {view:?}"),
+        }
+    }
+    assert!(views.next().is_none(), "more views than records");
 }
 
 /// Packs `batch`'s body with [`Packer`] and checks it decodes back to the same batch.

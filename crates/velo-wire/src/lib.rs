@@ -35,7 +35,6 @@
 //! # Ok::<(), velo_wire::WireError>(())
 //! ```
 
-mod arena;
 mod auth;
 mod batch;
 mod close;
@@ -52,9 +51,8 @@ mod varint;
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use arena::{ARENA_CHUNK, ARENA_MAX_PAYLOAD, PayloadArena};
 pub use auth::{AUTH_MAC_LEN, Auth};
-pub use batch::{Batch, Records};
+pub use batch::{Batch, RecordView, RecordViews, Records};
 pub use close::{Close, MAX_CLOSE_REASON_LEN};
 pub use codes::{CancelCode, CloseCode, ErrorCode, GoAwayCode};
 pub use error::WireError;

@@ -1,9 +1,11 @@
 //! Records: what a batch frame carries, one per stream event.
 
+use std::ops::Range;
+
 use bytes::{BufMut, Bytes};
 
 use crate::varint::{self, MAX_LEN_U32, MAX_LEN_U64};
-use crate::{CancelCode, ErrorCode, GoAwayCode, PayloadArena, StreamId, Token, WireError};
+use crate::{CancelCode, ErrorCode, GoAwayCode, StreamId, Token, WireError};
 
 /// One record inside a batch frame.
 ///
@@ -185,13 +187,9 @@ pub fn open_len(stream: StreamId, ticket: u64, prologue_len: u32) -> usize {
 }
 
 impl Record {
-    /// This record with a `Data` or `Final` payload shorter than `limit` bytes copied (into
-    /// `arena`, or an allocation of its own); other records unchanged.
-    pub(crate) fn owning_payload_below(
-        self,
-        limit: usize,
-        arena: Option<&mut PayloadArena>,
-    ) -> Self {
+    /// This record with a `Data` or `Final` payload shorter than `limit` bytes copied into an
+    /// allocation of its own; other records unchanged.
+    pub(crate) fn owning_payload_below(self, limit: usize) -> Self {
         match self {
             Self::Data {
                 stream,
@@ -200,7 +198,7 @@ impl Record {
             } if payload.len() < limit => Self::Data {
                 stream,
                 seq,
-                payload: copy_payload(arena, &payload),
+                payload: Bytes::copy_from_slice(&payload),
             },
             Self::Final {
                 stream,
@@ -209,7 +207,7 @@ impl Record {
             } if payload.len() < limit => Self::Final {
                 stream,
                 seq,
-                payload: copy_payload(arena, &payload),
+                payload: Bytes::copy_from_slice(&payload),
             },
             other => other,
         }
@@ -461,13 +459,23 @@ impl Cursor<'_> {
 /// moving `pos`) so the general decoder handles it, errors included. Same results as
 /// [`Record::decode`] for every input it accepts; the round-trip and malformed tests cover both.
 #[inline(always)]
-pub(crate) fn decode_data_fast(
-    body: &Bytes,
-    pos: &mut usize,
-    copy_below: usize,
-    arena: Option<&mut PayloadArena>,
-) -> Option<Record> {
-    let b: &[u8] = body;
+pub(crate) fn decode_data_fast(body: &Bytes, pos: &mut usize, copy_below: usize) -> Option<Record> {
+    let (stream, seq, range) = data_view_fast(body, pos)?;
+    let payload = if range.len() < copy_below {
+        Bytes::copy_from_slice(body.get(range)?)
+    } else {
+        body.slice(range)
+    };
+    Some(Record::Data {
+        stream,
+        seq,
+        payload,
+    })
+}
+
+/// As [`decode_data_fast`], but the payload is left where it is: its range in `b`.
+#[inline(always)]
+pub(crate) fn data_view_fast(b: &[u8], pos: &mut usize) -> Option<(StreamId, u32, Range<usize>)> {
     let mut p = *pos;
     if *b.get(p)? != kind::DATA {
         return None;
@@ -481,26 +489,8 @@ pub(crate) fn decode_data_fast(
     if end > b.len() {
         return None;
     }
-    let payload = if len < copy_below {
-        copy_payload(arena, b.get(p..end)?)
-    } else {
-        body.slice(p..end)
-    };
     *pos = end;
-    Some(Record::Data {
-        stream: StreamId::new(slot, generation),
-        seq,
-        payload,
-    })
-}
-
-/// `src` copied into `arena`, or into an allocation of its own without one.
-#[inline(always)]
-fn copy_payload(arena: Option<&mut PayloadArena>, src: &[u8]) -> Bytes {
-    match arena {
-        Some(a) => a.copy(src),
-        None => Bytes::copy_from_slice(src),
-    }
+    Some((StreamId::new(slot, generation), seq, p..end))
 }
 
 /// A canonical one- or two-byte varint, else `None`.

@@ -131,12 +131,13 @@ impl World {
 
     /// Frontend: `recv_all` on one stream; returns whether anything was read.
     pub(super) fn read_all_of(&mut self, i: usize, key: StreamKey) -> bool {
-        let mut items = std::collections::VecDeque::new();
+        let mut items = crate::ItemQueue::new();
         let end = self.frontend.recv_all(self.now, key, &mut items).flatten();
         let read = !items.is_empty() || end.is_some();
-        for item in items {
-            self.model.delivered(i, &item);
+        while let Some(item) = items.pop() {
+            self.model.delivered(i, item);
         }
+        self.frontend.give_queue(items);
         if let Some(end) = end {
             self.model.frontend_end(i, &end);
         }
