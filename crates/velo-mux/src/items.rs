@@ -23,6 +23,10 @@ use bytes::Bytes;
 /// items (a queue grown past it by larger items gives the rest back).
 pub const ITEM_BUFFER_KEEP: usize = 4 * 1024;
 
+/// Bytes a queue's buffer starts with: 1 KiB, ten token-sized items (growing from nothing
+/// took four reallocations for as many).
+pub const ITEM_BUFFER_FIRST: usize = 1024;
+
 /// The length recorded for an item held as `Bytes` (in `owned`), not in the buffer.
 const OWNED: u32 = u32::MAX;
 
@@ -66,6 +70,9 @@ impl ItemQueue {
             _ => return self.push_bytes(Bytes::copy_from_slice(item)),
         };
         self.make_room();
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(item.len().max(ITEM_BUFFER_FIRST));
+        }
         self.buf.extend_from_slice(item);
         self.lens.push_back(len);
     }

@@ -106,7 +106,7 @@ pub use error::{Blocked, CloseReason, LaneError, OpenError, SendError, Transport
 pub use event::MuxEvent;
 pub use flush::{FlushPolicy, FlushReason};
 pub use input::COPY_BELOW;
-pub use items::{ITEM_BUFFER_KEEP, ItemQueue};
+pub use items::{ITEM_BUFFER_FIRST, ITEM_BUFFER_KEEP, ItemQueue};
 pub use lane::{LaneId, LaneState};
 pub use mux::{CHAIN_THRESHOLD, LaneSet, MAX_TRANSMIT_CHUNKS, Mux, Transmit};
 pub use recv::Recv;
