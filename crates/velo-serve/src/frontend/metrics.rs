@@ -129,13 +129,17 @@ pub struct FrontendMetrics {
     requests: [[[AtomicU64; OUTCOMES.len()]; 2]; 2],
     /// Requests being served (past admission).
     pub inflight: AtomicU64,
-    /// Clients that went away mid-stream.
+    /// Clients that went away before their answer was complete (streamed or unary, from
+    /// admission on), since start. It only grows: Dynamo exposes its
+    /// `dynamo_frontend_disconnected_clients` as a gauge it only ever increments, and this
+    /// keeps its name and type so Dynamo's dashboards read it (take its `rate`).
     pub disconnected: AtomicU64,
     /// Clients killed for not reading (their buffer filled).
     pub slow_clients: AtomicU64,
     /// Requests retried on another worker before their first token.
     pub migrations: AtomicU64,
-    /// Tokens sent to clients.
+    /// Tokens sent to clients: queued for a streamed answer, or in a unary answer (a token
+    /// dropped when its client was cut, or that a failed request never sent, is not counted).
     pub output_tokens: AtomicU64,
     /// Time to first token.
     pub ttft: Histogram,
@@ -267,7 +271,7 @@ impl FrontendMetrics {
             ),
             (
                 "dynamo_frontend_disconnected_clients",
-                "Clients that disconnected mid-request",
+                "Clients that disconnected before their answer was complete, since start (only grows)",
                 self.disconnected.load(Ordering::Relaxed),
             ),
         ];

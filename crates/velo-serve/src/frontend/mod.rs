@@ -408,10 +408,11 @@ async fn generate(state: State, endpoint: Endpoint, req: Request) -> Response {
     let dispatched = match dispatch::dispatch(&state, &job, id).await {
         Ok(d) => d,
         Err(e) => {
-            account.outcome = Outcome::of_status(e.status.as_u16());
+            account.outcome = Some(Outcome::of_status(e.status.as_u16()));
             return e.into_response();
         }
     };
+    account.dispatched();
     let response_id = format!("{:032x}", rand::random::<u128>());
     if job.stream {
         respond::stream(&state, job, &response_id, dispatched, turn, account)

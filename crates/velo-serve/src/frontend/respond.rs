@@ -40,7 +40,10 @@ struct Progress {
     /// The tokens the request asked for at most: a worker that sends more is broken, and is
     /// cut off (a unary answer collects its text: this bounds it).
     limit: u32,
+    /// Tokens received from the worker.
     tokens: u32,
+    /// Tokens handed to the client (counted in `output_tokens_total`).
+    delivered: u32,
     /// Text received so far, in bytes.
     text_bytes: usize,
     usage: Option<CompletionUsage>,
@@ -55,6 +58,7 @@ impl Progress {
             last: None,
             limit,
             tokens: 0,
+            delivered: 0,
             text_bytes: 0,
             usage: None,
             finish: None,
@@ -98,7 +102,6 @@ impl Progress {
                 ),
             ));
         }
-        m.output_tokens.fetch_add(u64::from(n), Ordering::Relaxed);
         self.finish = out.finish_reason.as_ref().and_then(FinishReason::openai);
         if out.completion_usage.is_some() {
             self.usage = out.completion_usage;
@@ -118,6 +121,14 @@ impl Progress {
             ));
         }
         Ok(Some(text))
+    }
+
+    /// Counts every token received so far as handed to the client: call it once their text
+    /// is queued for the client (streamed) or in the answer (unary), never before.
+    fn delivered(&mut self, m: &FrontendMetrics) {
+        let n = self.tokens.saturating_sub(self.delivered);
+        m.output_tokens.fetch_add(u64::from(n), Ordering::Relaxed);
+        self.delivered = self.tokens;
     }
 
     fn usage(&self, job: &Job) -> CompletionUsage {
@@ -238,7 +249,7 @@ async fn pump(
             Err(e) => break End::Failed(e),
             Ok(None) => {}
             Ok(Some(text)) => match tx.try_send(shaper.token(&text, progress.finish)) {
-                Ok(()) => {}
+                Ok(()) => progress.delivered(m),
                 Err(mpsc::error::TrySendError::Full(_)) => break End::SlowClient,
                 Err(mpsc::error::TrySendError::Closed(_)) => break End::ClientGone,
             },
@@ -257,9 +268,11 @@ async fn pump(
     account.tokens = progress.tokens;
 }
 
-/// Ends the answer as `end` says and returns the request's outcome: the usage chunk and
-/// `[DONE]` after a complete stream, an error event after a failed one (the worker's stream is
-/// killed), nothing to a client that is gone or too slow (killed too).
+/// Ends the answer as `end` says and returns the request's outcome, `None` when its client
+/// went away (see [`Accounting::outcome`]): the usage chunk and `[DONE]` after a complete
+/// stream (a success only once the client has them queued), an error event after a failed
+/// one (the worker's stream is killed), nothing to a client that is gone or too slow (killed
+/// too).
 async fn conclude(
     end: End,
     job: &Job,
@@ -268,50 +281,54 @@ async fn conclude(
     stream: &mut response_plane::ResponseStream<StreamItem>,
     tx: &mpsc::Sender<Bytes>,
     m: &FrontendMetrics,
-) -> Outcome {
+) -> Option<Outcome> {
     match end {
         End::Complete => {
             let usage = shaper.usage(progress.usage(job));
             for b in usage.into_iter().chain([Bytes::from_static(chunk::DONE)]) {
-                if tokio::time::timeout(CLIENT_DRAIN_TIMEOUT, tx.send(b))
-                    .await
-                    .is_err()
-                {
-                    break;
+                match tokio::time::timeout(CLIENT_DRAIN_TIMEOUT, tx.send(b)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return None,
+                    Err(_) => {
+                        m.slow_clients.fetch_add(1, Ordering::Relaxed);
+                        return Some(Outcome::Cancelled);
+                    }
                 }
             }
-            Outcome::Success
+            Some(Outcome::Success)
         }
         End::Failed(e) => {
             tracing::debug!(error = %e, "stream failed");
             stream.kill();
             let _ = tokio::time::timeout(CLIENT_DRAIN_TIMEOUT, tx.send(Shaper::error(&e))).await;
-            Outcome::Internal
+            Some(Outcome::Internal)
         }
         End::ClientGone => {
             stream.kill();
-            m.disconnected.fetch_add(1, Ordering::Relaxed);
-            Outcome::Cancelled
+            None
         }
         End::SlowClient => {
             stream.kill();
             m.slow_clients.fetch_add(1, Ordering::Relaxed);
-            Outcome::Cancelled
+            Some(Outcome::Cancelled)
         }
     }
 }
 
 /// Counts a request in flight from admission on, and when it ends (however: a dropped
-/// handler is a client that went away) records its outcome and sizes.
+/// handler is a client that went away) records its outcome and, if it reached a worker, its
+/// duration and sizes.
 pub struct Accounting {
     state: State,
     endpoint: crate::openai::Endpoint,
     streaming: bool,
     prompt_tokens: u32,
     started: Instant,
-    /// How it ended; a request dropped before saying so was cancelled by its client.
-    pub outcome: Outcome,
-    /// Tokens sent.
+    dispatched: bool,
+    /// How it ended. `None` (a request dropped, or ended, before saying so) means its client
+    /// went away: it counts as cancelled and as a disconnected client.
+    pub outcome: Option<Outcome>,
+    /// Tokens received from the worker (the answer's length).
     pub tokens: u32,
 }
 
@@ -325,20 +342,33 @@ impl Accounting {
             streaming: job.stream,
             prompt_tokens: job.prompt_tokens,
             started,
-            outcome: Outcome::Cancelled,
+            dispatched: false,
+            outcome: None,
             tokens: 0,
         }
+    }
+
+    /// Notes that the request reached a worker: only such requests have a duration, a
+    /// prompt and an answer worth the histograms.
+    pub fn dispatched(&mut self) {
+        self.dispatched = true;
     }
 }
 
 impl Drop for Accounting {
     fn drop(&mut self) {
         let m = &self.state.metrics;
-        m.request(self.endpoint, self.streaming, self.outcome);
+        let outcome = self.outcome.unwrap_or_else(|| {
+            m.disconnected.fetch_add(1, Ordering::Relaxed);
+            Outcome::Cancelled
+        });
+        m.request(self.endpoint, self.streaming, outcome);
         m.inflight.fetch_sub(1, Ordering::Relaxed);
-        FrontendMetrics::seconds(&m.duration, self.started.elapsed());
-        m.isl.observe(f64::from(self.prompt_tokens));
-        m.osl.observe(f64::from(self.tokens));
+        if self.dispatched {
+            FrontendMetrics::seconds(&m.duration, self.started.elapsed());
+            m.isl.observe(f64::from(self.prompt_tokens));
+            m.osl.observe(f64::from(self.tokens));
+        }
     }
 }
 
@@ -389,7 +419,8 @@ pub async fn unary(
     account.tokens = progress.tokens;
     match result {
         Ok(()) => {
-            account.outcome = Outcome::Success;
+            progress.delivered(m);
+            account.outcome = Some(Outcome::Success);
             let shaper = Shaper::new(&job, id);
             let body = shaper.full(&text, progress.finish, progress.usage(&job));
             let mut r = (StatusCode::OK, body).into_response();
@@ -400,7 +431,7 @@ pub async fn unary(
             r
         }
         Err(e) => {
-            account.outcome = Outcome::of_status(e.status.as_u16());
+            account.outcome = Some(Outcome::of_status(e.status.as_u16()));
             e.into_response()
         }
     }
@@ -408,8 +439,98 @@ pub async fn unary(
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use response_plane::{
+        Codec, Plane, RegisterOptions, ResponsePlaneConfig, ResponseSender, ResponseStream,
+    };
+    use runtime_glue::{ResponseService, Role, ServiceConfig};
+
     use super::*;
+    use crate::openai::{Ending, Endpoint};
     use crate::wire::{LLMEngineOutput, OutputType};
+
+    /// Planes that stay up while a test runs.
+    struct Planes {
+        _frontend: ResponseService,
+        _worker: ResponseService,
+        _sender: ResponseSender<StreamItem>,
+    }
+
+    /// An established stream between two in-process planes on loopback.
+    async fn a_stream() -> (Planes, ResponseStream<StreamItem>) {
+        let plane = ResponsePlaneConfig::builder()
+            .plane(Plane::Velo)
+            .host(Some(Ipv4Addr::LOCALHOST.into()))
+            .build()
+            .unwrap();
+        let service = |role| {
+            ServiceConfig::builder(role)
+                .response_plane(plane.clone())
+                .build()
+                .unwrap()
+        };
+        let frontend = ResponseService::start(service(Role::Frontend))
+            .await
+            .unwrap();
+        let worker = ResponseService::start(service(Role::Worker)).await.unwrap();
+        let opts = RegisterOptions {
+            codec: Codec::Msgpack,
+            establish_timeout: Some(Duration::from_secs(30)),
+        };
+        let (info, pending) = frontend.register::<StreamItem>(opts).unwrap();
+        let mut sender = worker.connect::<StreamItem>(&info).await.unwrap();
+        sender.send_prologue(Ok(())).await.unwrap();
+        let stream = pending.established().await.unwrap();
+        let planes = Planes {
+            _frontend: frontend,
+            _worker: worker,
+            _sender: sender,
+        };
+        (planes, stream)
+    }
+
+    fn job() -> Job {
+        Job {
+            endpoint: Endpoint::Chat,
+            model: "m".into(),
+            stream: true,
+            include_usage: true,
+            prompt_tokens: 4,
+            output_tokens: 8,
+            ending: Ending::Length,
+        }
+    }
+
+    /// The worker's stream completed, but the client went away before `[DONE]` (and the
+    /// usage chunk) reached it: the client did not get its answer, so it is no success.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_complete_stream_whose_client_left_before_done_is_no_success() {
+        let (_planes, mut stream) = a_stream().await;
+        let job = job();
+        let shaper = Shaper::new(&job, "x");
+        let mut progress = Progress::new(Instant::now(), job.output_tokens);
+        progress.complete = true;
+        let (tx, rx) = mpsc::channel(CLIENT_BUFFER_EVENTS);
+        drop(rx);
+        let m = FrontendMetrics::new("m");
+        let outcome = conclude(
+            End::Complete,
+            &job,
+            &shaper,
+            &progress,
+            &mut stream,
+            &tx,
+            &m,
+        )
+        .await;
+        assert_ne!(
+            outcome,
+            Some(Outcome::Success),
+            "[DONE] never reached the client"
+        );
+    }
 
     fn token(text: &str) -> StreamItem {
         StreamItem::output(LLMEngineOutput {
