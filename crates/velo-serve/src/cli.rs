@@ -14,6 +14,7 @@ use crate::discovery::{DiscoveryConfig, DiscoveryConfigError};
 use crate::frontend::FrontendConfig;
 use crate::frontend::admission::AdmissionLimits;
 use crate::openai::Limits;
+use crate::work::WorkLimits;
 use crate::worker::WorkerConfig;
 
 /// The command line.
@@ -52,6 +53,9 @@ pub struct ServeArgs {
     /// The workers' engine settings.
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// The workers' request-plane bounds.
+    #[command(flatten)]
+    pub work_limits: WorkLimitArgs,
     /// Mock worker processes to spawn.
     #[arg(long, default_value_t = 2)]
     pub workers: u32,
@@ -122,12 +126,38 @@ pub struct EngineArgs {
     pub flush_per_pass: bool,
 }
 
+/// A worker's request-plane bounds: what it holds, whatever its peers send.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkLimitArgs {
+    /// Requests a worker holds at once (read off its request plane, not yet finished); at the
+    /// limit it stops reading requests until one finishes.
+    #[arg(long, default_value_t = crate::work::DEFAULT_MAX_REQUESTS)]
+    pub max_requests: usize,
+    /// Request-plane connections (from frontends) a worker serves at once; more wait to be
+    /// accepted until one ends.
+    #[arg(long, default_value_t = crate::work::DEFAULT_MAX_CONNECTIONS)]
+    pub max_request_connections: usize,
+}
+
+impl WorkLimitArgs {
+    /// The bounds (checked when the worker starts).
+    pub fn limits(&self) -> WorkLimits {
+        WorkLimits {
+            max_requests: self.max_requests,
+            max_connections: self.max_request_connections,
+        }
+    }
+}
+
 /// One worker process.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
     /// Engine settings.
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// Request-plane bounds.
+    #[command(flatten)]
+    pub work_limits: WorkLimitArgs,
     /// Discovery settings.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
@@ -238,6 +268,7 @@ impl WorkerArgs {
             speedup: self.engine.speedup,
             host: self.host,
             flush_per_pass: self.engine.flush_per_pass,
+            work_limits: self.work_limits.limits(),
         })
     }
 }

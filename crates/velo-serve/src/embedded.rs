@@ -75,6 +75,11 @@ fn spawn_worker(args: &ServeArgs, plane: &str, root: &std::path::Path) -> Result
     cmd.arg("worker")
         .args(["--engines", &e.engines.to_string()])
         .args(["--speedup", &e.speedup.to_string()])
+        .args(["--max-requests", &args.work_limits.max_requests.to_string()])
+        .args([
+            "--max-request-connections",
+            &args.work_limits.max_request_connections.to_string(),
+        ])
         .args([
             "--lease-ttl-ms",
             &args.frontend.discovery.lease_ttl_ms.to_string(),

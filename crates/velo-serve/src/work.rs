@@ -3,6 +3,27 @@
 //! Nothing flows back on it (answers take the response plane); the frontend reads it only to
 //! learn that the worker is gone (end of stream or an error), which it treats as the worker's
 //! removal.
+//!
+//! # Bounds
+//!
+//! Anyone who reaches a worker's request port can write to it, so the worker's side
+//! ([`serve`], in [`intake`]) bounds what a peer can make it hold, whatever the peer sends:
+//!
+//! - [`MAX_FRAME_BYTES`]: the largest request frame; a longer length prefix closes the
+//!   connection before anything is allocated for it.
+//! - [`WorkLimits::max_requests`] (`--max-requests`, default [`DEFAULT_MAX_REQUESTS`]):
+//!   requests read and not yet finished. At the limit a connection stops reading, so TCP flow
+//!   control pushes back on its sender; each request gives its place back when its engine is
+//!   done with it (its stream ended or failed) or it is refused.
+//! - [`WorkLimits::max_connections`] (`--max-request-connections`, default
+//!   [`DEFAULT_MAX_CONNECTIONS`]): connections served at once; more wait in the kernel's
+//!   accept queue until one ends.
+//!
+//! So a worker holds at most `max_requests` requests (each at most [`MAX_FRAME_BYTES`]) and
+//! `max_connections` connections, each with at most one frame read and waiting for a place.
+//! The frontend's side is bounded by [`QUEUE_REQUESTS`] per worker.
+
+pub mod intake;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,7 +32,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use response_plane::ConnectionInfo;
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +40,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::openai::Ending;
 
-/// Largest request frame, in bytes (a request is about 400).
+pub use intake::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, WorkLimitError, WorkLimits, serve,
+};
+
+/// Largest request frame, in bytes, on both sides: a request is about 400 (its stream
+/// address is most of it), so this leaves room for long addresses while keeping what a
+/// worker may hold per request small (see the module's bounds).
 pub const MAX_FRAME_BYTES: usize = 64 * 1024;
 /// Requests queued per worker connection before senders wait.
 pub const QUEUE_REQUESTS: usize = 4096;
@@ -187,45 +214,4 @@ async fn watch_end(
         () = lost.cancelled() => {}
     }
     lost.cancel();
-}
-
-/// The worker's side: accepts frontend connections on `listener` and hands every request
-/// frame to `deliver`, until `stop`. Connections run on `tracker`.
-pub async fn serve(
-    listener: TcpListener,
-    tracker: TaskTracker,
-    stop: CancellationToken,
-    deliver: impl Fn(Bytes) + Clone + Send + 'static,
-) {
-    loop {
-        // Cancel safety: `accept` loses no connection when the other branch wins.
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = stop.cancelled() => return,
-        };
-        let Ok((stream, _)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let deliver = deliver.clone();
-        let stop = stop.clone();
-        tracker.spawn(async move {
-            let mut frames = FramedRead::new(stream, codec());
-            loop {
-                let frame = tokio::select! {
-                    f = frames.next() => f,
-                    () = stop.cancelled() => None,
-                };
-                match frame {
-                    Some(Ok(frame)) => deliver(frame.freeze()),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "bad request frame: closing the connection");
-                        return;
-                    }
-                    None => return,
-                }
-            }
-        });
-    }
 }

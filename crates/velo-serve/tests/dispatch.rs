@@ -17,7 +17,13 @@ use velo_serve::discovery::{Instance, Transport};
 async fn silent_worker(c: &Cluster, instance_id: u64, stop: &CancellationToken) -> Lease {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let serve = velo_serve::work::serve(listener, TaskTracker::new(), stop.clone(), |_| {});
+    let serve = velo_serve::work::serve(
+        listener,
+        velo_serve::work::WorkLimits::default(),
+        TaskTracker::new(),
+        stop.clone(),
+        |_| {},
+    );
     tokio::spawn(serve);
     let d = &c.discovery;
     let instance = Instance {

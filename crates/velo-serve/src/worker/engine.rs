@@ -5,6 +5,9 @@
 //!
 //! The engine frees a request's slot when a send fails (the frontend killed the stream: its
 //! client went away) or after the last token; [`WorkerStats::running`] counts the slots held.
+//! A request's sink also keeps the request's frame as the request plane delivered it, which
+//! holds the request's place among the worker's `max_requests` ([`crate::work::serve`]): the
+//! place is given back with the slot, or at once when the request is refused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -63,8 +66,8 @@ impl ServeEngine {
         }
     }
 
-    async fn open_request(&self, raw: &[u8]) -> Result<(Request, ServeSink), String> {
-        let work = WorkRequest::decode(raw).map_err(|e| format!("bad request: {e}"))?;
+    async fn open_request(&self, raw: Bytes) -> Result<(Request, ServeSink), String> {
+        let work = WorkRequest::decode(&raw).map_err(|e| format!("bad request: {e}"))?;
         let mut sender = self
             .plane
             .connect::<StreamItem>(&work.info)
@@ -90,6 +93,7 @@ impl ServeEngine {
             generated: 0,
             stats: self.stats.clone(),
             _slot: Slot::take(&self.stats),
+            _request: raw,
         };
         Ok((request, sink))
     }
@@ -99,7 +103,7 @@ impl BenchWorker for ServeEngine {
     type Sink = ServeSink;
 
     async fn open(&self, request: Bytes) -> Result<(Request, ServeSink), String> {
-        let r = self.open_request(&request).await;
+        let r = self.open_request(request).await;
         if r.is_err() {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
         }
@@ -119,6 +123,8 @@ pub struct ServeSink {
     generated: u32,
     stats: Arc<WorkerStats>,
     _slot: Slot,
+    /// The request as read: holding it holds the request's place on the request plane.
+    _request: Bytes,
 }
 
 impl ServeSink {
@@ -162,6 +168,7 @@ impl BenchSink for ServeSink {
             mut sender,
             stats,
             _slot,
+            _request,
             ..
         } = self;
         sender

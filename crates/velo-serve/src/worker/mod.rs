@@ -22,6 +22,7 @@ pub use engine::WorkerStats;
 
 use crate::discovery::lease::Lease;
 use crate::discovery::{DiscoveryConfig, Instance, Transport};
+use crate::work::{WorkLimitError, WorkLimits};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -38,6 +39,8 @@ pub struct WorkerConfig {
     pub host: IpAddr,
     /// Flush the plane once per engine forward pass.
     pub flush_per_pass: bool,
+    /// What the request plane may hold: requests and connections at once.
+    pub work_limits: WorkLimits,
 }
 
 /// Why a worker could not start.
@@ -50,6 +53,9 @@ pub enum WorkerError {
     /// The service's configuration could not take this worker's instance id.
     #[error(transparent)]
     Config(#[from] response_plane::ConfigError),
+    /// A request-plane bound is out of range.
+    #[error(transparent)]
+    Limits(#[from] WorkLimitError),
     /// The service was configured without the worker role.
     #[error("the response-plane service does not run the worker role")]
     NotAWorker,
@@ -92,6 +98,7 @@ impl Worker {
     ///
     /// [`WorkerError`] naming what could not start.
     pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
+        config.work_limits.validate()?;
         let tracker = TaskTracker::new();
         let instance_id = new_instance_id();
         let service = ResponseService::start(announcing(&config.service, instance_id)?).await?;
@@ -115,12 +122,15 @@ impl Worker {
             .map_err(|source| WorkerError::Bind { addr: bind, source })?;
         let stop = CancellationToken::new();
         let spawner = tracker.clone();
+        // One task per request read: at most `work_limits.max_requests` of them, since the
+        // frame (kept by the request's sink until its stream ends) holds the request's place.
         let deliver = move |frame| {
             let engines = engines.clone();
             spawner.spawn(async move { engines.serve(frame).await });
         };
         tracker.spawn(crate::work::serve(
             listener,
+            config.work_limits,
             tracker.clone(),
             stop.clone(),
             deliver,

@@ -93,6 +93,7 @@ pub fn worker_config(plane: ResponsePlaneConfig, discovery: DiscoveryConfig) -> 
         speedup: 10.0,
         host: Ipv4Addr::LOCALHOST.into(),
         flush_per_pass: false,
+        work_limits: velo_serve::work::WorkLimits::default(),
     }
 }
 
