@@ -91,6 +91,8 @@ impl RecvStream {
     /// `cx` when it has nothing).
     fn ready(&mut self, cx: &mut Context<'_>) -> bool {
         if self.items.is_empty() && self.end.is_none() {
+            // A burst of large items read leaves no more than a queue keeps while it waits.
+            self.items.clear();
             self.take(cx);
         }
         !self.items.is_empty()
