@@ -102,19 +102,9 @@ impl Mux {
                     let item = Arrived::new(payload, body, copy_below);
                     self.on_data(now, lane, stream, seq, item, false)?;
                 }
-                RecordView::Data {
-                    stream,
-                    seq,
-                    payload,
-                } => {
-                    let payload = Bytes::copy_from_slice(payload);
-                    let record = Record::Data {
-                        stream,
-                        seq,
-                        payload,
-                    };
-                    self.on_record(now, lane, record, copy_below)?;
-                }
+                // A worker is sent no DATA: refused as any record only workers send, without
+                // copying a payload of up to a frame's size first.
+                RecordView::Data { .. } => return Err(WORKER_RECORD_TO_WORKER),
                 RecordView::Decoded(record) => self.on_record(now, lane, record, copy_below)?,
             }
             self.check_control_bytes(lane)?;
@@ -230,9 +220,7 @@ impl Mux {
                 Ok(())
             }
             Record::Accept { stream } => self.on_accept(lane, stream),
-            _ => Err(LaneError::Protocol(
-                "a worker received a record only workers send",
-            )),
+            _ => Err(WORKER_RECORD_TO_WORKER),
         }
     }
 
@@ -603,6 +591,10 @@ impl Mux {
 /// frames and every unpacked PACKED body get a buffer of their own). The copy costs ~16 ns
 /// per item (`cargo bench -p velo-mux`, 100 B items).
 pub const COPY_BELOW: usize = 16 * 1024;
+
+/// Why a worker's lane closes when its frontend sends a record only workers send.
+const WORKER_RECORD_TO_WORKER: LaneError =
+    LaneError::Protocol("a worker received a record only workers send");
 
 /// A DATA or FINAL payload as it arrived: borrowed from `source`, the buffer it came in.
 struct Arrived<'a> {

@@ -12,8 +12,10 @@
 //!
 //! A queue's buffer holds its unread items' bytes and at most as many again of read ones
 //! (read bytes are dropped once they are half the buffer, or all of them when the queue
-//! empties); an emptied queue keeps at most [`ITEM_BUFFER_KEEP`] bytes of capacity. Items the
-//! receiver keeps as slices of what they arrived in (the large ones) are held as `Bytes`.
+//! empties), in a capacity at most twice that (a `Vec` doubles); an emptied queue keeps at
+//! most [`ITEM_BUFFER_KEEP`] bytes of capacity. Items the receiver keeps as slices of what they
+//! arrived in (the large ones) are held as `Bytes`; one lent by [`ItemQueue::pop`] is let go
+//! when the next item is read.
 
 use std::collections::VecDeque;
 
@@ -93,6 +95,10 @@ impl ItemQueue {
             self.lent = self.owned.pop_front().unwrap_or_default();
             return Some(&self.lent);
         }
+        if !self.lent.is_empty() {
+            // Lent until this call only: it may pin a whole receive buffer.
+            self.lent = Bytes::new();
+        }
         let start = self.read;
         self.read += len as usize;
         self.buf.get(start..self.read)
@@ -147,6 +153,11 @@ impl ItemQueue {
         self.lens.capacity()
     }
 
+    /// Whether the queue has room allocated for items held as `Bytes` (large ones).
+    pub(crate) fn has_room_for_held(&self) -> bool {
+        self.owned.capacity() > 0
+    }
+
     /// Forgets read bytes before a copy goes in: all of them when the queue is empty, else
     /// once they are half the buffer (so the buffer stays within twice the unread bytes, at a
     /// cost of at most one move of each unread byte per byte read).
@@ -191,6 +202,22 @@ mod tests {
         assert_eq!(drain(&mut q), [&b"two"[..], b"", b"four"]);
         assert!(q.is_empty());
         assert_eq!(q.pop(), None);
+    }
+
+    #[test]
+    fn an_item_lent_from_bytes_is_let_go_once_the_next_item_is_read() {
+        // Large items are held as slices of the buffer they arrived in, which they pin.
+        let held = Bytes::from(vec![9u8; 100]);
+        let mut q = ItemQueue::new();
+        q.push_bytes(held.clone());
+        q.push_copy(b"small");
+        q.push_copy(b"more");
+        assert_eq!(q.pop(), Some(&held[..]));
+        assert_eq!(q.pop(), Some(&b"small"[..]));
+        assert!(
+            held.is_unique(),
+            "the queue still pins the item lent before"
+        );
     }
 
     #[test]

@@ -12,8 +12,8 @@ pub const SPARE_QUEUES: usize = 256;
 pub const SPARE_QUEUE_ITEMS: usize = 64;
 
 /// Empty receive queues of released streams: at most [`SPARE_QUEUES`], each with room for at
-/// most [`SPARE_QUEUE_ITEMS`] items and [`ITEM_BUFFER_KEEP`] bytes (4.25 KiB), so at most
-/// 1.1 MiB whatever the peer does.
+/// most [`SPARE_QUEUE_ITEMS`] items and [`ITEM_BUFFER_KEEP`] bytes (4.25 KiB), and none for
+/// items held as `Bytes`, so at most 1.1 MiB whatever the peer does.
 #[derive(Debug, Default)]
 pub(crate) struct SpareQueues {
     queues: Vec<ItemQueue>,
@@ -35,7 +35,7 @@ impl SpareQueues {
             return;
         }
         queue.clear();
-        if queue.buffer_capacity() > ITEM_BUFFER_KEEP {
+        if queue.buffer_capacity() > ITEM_BUFFER_KEEP || queue.has_room_for_held() {
             return;
         }
         self.queues.push(queue);

@@ -90,10 +90,13 @@ impl RecvStream {
     /// Whether an item is in hand, taking what the stream has when none is (and registering
     /// `cx` when it has nothing).
     fn ready(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.items.is_empty() && self.end.is_none() {
-            // A burst of large items read leaves no more than a queue keeps while it waits.
+        if self.items.is_empty() {
+            // A burst of large items read leaves no more than an empty queue keeps (also
+            // once the end is known: the handle may live on long after it).
             self.items.clear();
-            self.take(cx);
+            if self.end.is_none() {
+                self.take(cx);
+            }
         }
         !self.items.is_empty()
     }
@@ -157,6 +160,12 @@ impl RecvStream {
             Some(Some(end)) => self.end = Some(end),
             Some(None) => {}
         }
+    }
+
+    /// Bytes of buffer the handle holds for items taken and not read yet (memory accounting:
+    /// once it has read everything, at most [`velo_mux::ITEM_BUFFER_KEEP`]).
+    pub fn buffer_capacity(&self) -> usize {
+        self.items.buffer_capacity()
     }
 
     /// How the stream ended, once its end has been read.

@@ -78,6 +78,7 @@ pub use harness::{
 pub use raw::{IoLane, RawListener, RawPeer, hello_bytes, read_close, read_frame, worker_hello};
 pub use streams::{
     a_frontend_that_aborts_ends_the_worker_streams_as_lost_exactly_once,
+    a_handle_that_read_a_burst_and_the_end_keeps_little_buffer,
     a_thousand_streams_of_a_hundred_items_arrive_in_order,
     a_worker_that_dies_mid_stream_ends_its_streams_as_lost_exactly_once,
     large_items_keep_their_order_among_small_ones, responses_use_four_lanes,
@@ -286,6 +287,7 @@ macro_rules! transport_contract {
             story!(a_peer_silent_after_its_handshake_is_closed_by_the_idle_timer);
             story!(a_thousand_streams_of_a_hundred_items_arrive_in_order);
             story!(large_items_keep_their_order_among_small_ones);
+            story!(a_handle_that_read_a_burst_and_the_end_keeps_little_buffer);
             story!(a_finish_the_frontend_never_took_fails_when_the_frontend_dies);
             story!(a_finish_succeeds_once_taken_and_fails_when_refused);
             story!(a_stream_lost_before_the_frontend_took_it_is_announced_again);

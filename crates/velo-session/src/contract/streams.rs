@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use tokio_util::task::TaskTracker;
-use velo_mux::{LaneError, StreamEnd};
+use velo_mux::{ITEM_BUFFER_KEEP, LaneError, StreamEnd};
 
 use super::{
     Frontend, PROLOGUE, Transport, Worker, eventually, frontend, next_item, open, send_now, take,
@@ -217,6 +217,39 @@ pub async fn large_items_keep_their_order_among_small_ones<T: Transport>(net: T)
     assert_eq!(within("the end", r.recv()).await, None);
     within("the producer", producer).await.unwrap();
     assert_eq!(frontend.endpoint().stats().stale_drops, 0);
+}
+
+/// A handle that took a burst of items with its stream's end, and read them all, keeps no more
+/// buffer than an empty queue does ([`ITEM_BUFFER_KEEP`]), however long it lives on.
+pub async fn a_handle_that_read_a_burst_and_the_end_keeps_little_buffer<T: Transport>(net: T) {
+    const ITEMS: usize = 16;
+    let tracker = TaskTracker::new();
+    let (frontend, mut inbox) = frontend(&net, &tracker).await;
+    let worker = worker(&net, &tracker);
+    let mut s = open(&worker, &frontend, 1).await;
+    let mut r = take(&mut inbox).await;
+    let item = [7u8; 1024];
+    let producer = tokio::spawn(async move {
+        for _ in 0..ITEMS {
+            s.send(&item).await.unwrap();
+        }
+        s.finish(Bytes::new()).await.unwrap();
+    });
+    // Every item reaches the frontend before the handle first looks: it takes them at once.
+    eventually("every item received", || {
+        r.peer().stats().payload_bytes_received >= (ITEMS * item.len()) as u64
+    })
+    .await;
+    for _ in 0..ITEMS {
+        assert_eq!(next_item(&mut r).await, &item[..]);
+    }
+    assert_eq!(within("the end", r.recv()).await, None);
+    within("the producer", producer).await.unwrap();
+    assert!(
+        r.buffer_capacity() <= ITEM_BUFFER_KEEP,
+        "a handle done reading keeps {} bytes of buffer",
+        r.buffer_capacity()
+    );
 }
 
 /// A large item: 1 MiB, past UCX's eager limit.
