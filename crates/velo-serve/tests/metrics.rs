@@ -16,7 +16,7 @@ use velo_serve::worker::Worker;
 use harness::{BOUND, Cluster, chat};
 
 /// A unary request whose client goes away while the worker generates is a disconnect, as a
-/// streamed one is (Dynamo counts both).
+/// streamed one is (Dynamo counts both), and its answer's length is what it had received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unary_client_that_goes_away_is_counted_as_disconnected() {
     let c = Cluster::start(Plane::Velo, 1, |_| {}).await;
@@ -33,8 +33,12 @@ async fn a_unary_client_that_goes_away_is_counted_as_disconnected() {
         stats.snapshot()[0] == 1
     })
     .await;
-    client.abort();
     let m = &c.frontend.state().metrics;
+    c.wait_for("the frontend to receive the first token", |_| {
+        m.ttft.count() == 1
+    })
+    .await;
+    client.abort();
     c.wait_for("the frontend to count the request cancelled", |_| {
         m.requests_with(Outcome::Cancelled) == 1
     })
@@ -43,6 +47,12 @@ async fn a_unary_client_that_goes_away_is_counted_as_disconnected() {
         m.disconnected.load(Ordering::Relaxed) == 1
     })
     .await;
+    c.wait_for("the answer's length recorded", |_| m.osl.count() == 1)
+        .await;
+    assert!(
+        m.osl.sum() >= 1.0,
+        "the answer's length counts the tokens received before the client left"
+    );
 }
 
 /// A streamed answer to a client that reads nothing: once its buffer is full the frontend

@@ -105,6 +105,18 @@ impl Histogram {
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The sum of the samples recorded (to a millionth).
+    pub fn sum(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        sum
+    }
+
     fn render(&self, out: &mut String, name: &str, labels: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0u64;

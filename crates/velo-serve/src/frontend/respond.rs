@@ -409,14 +409,18 @@ pub async fn unary(
                 ));
             }
             Some(Err(e)) => break Err(lost(&e)),
-            Some(Ok(item)) => match progress.take(item, m) {
-                Ok(Some(t)) => text.push_str(&t),
-                Ok(None) => {}
-                Err(e) => break Err(e),
-            },
+            Some(Ok(item)) => {
+                let taken = progress.take(item, m);
+                // Kept up to date: a client that leaves drops this future mid-answer.
+                account.tokens = progress.tokens;
+                match taken {
+                    Ok(Some(t)) => text.push_str(&t),
+                    Ok(None) => {}
+                    Err(e) => break Err(e),
+                }
+            }
         }
     };
-    account.tokens = progress.tokens;
     match result {
         Ok(()) => {
             progress.delivered(m);
