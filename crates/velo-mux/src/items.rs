@@ -178,7 +178,9 @@ impl ItemQueue {
         if self.buf.capacity() > ITEM_BUFFER_KEEP {
             self.buf.shrink_to(ITEM_BUFFER_KEEP);
         }
-        self.lent = Bytes::new();
+        if !self.lent.is_empty() {
+            self.lent = Bytes::new();
+        }
     }
 }
 
