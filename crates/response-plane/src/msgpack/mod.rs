@@ -265,14 +265,37 @@ impl<'de> Reader<'de> {
 /// The field of `fields` spelled `bytes`, trying `fields[hint]` first.
 #[inline]
 fn field_named(fields: &'static [&'static str], hint: usize, bytes: &[u8]) -> Option<&'static str> {
-    // Byte by byte: names are short, and a call to `memcmp` costs more than the comparison.
-    let spelled = |f: &str| f.len() == bytes.len() && f.bytes().zip(bytes).all(|(a, &b)| a == b);
+    let spelled = |f: &str| same_short(f.as_bytes(), bytes);
     if let Some(&field) = fields.get(hint)
         && spelled(field)
     {
         return Some(field);
     }
     fields.iter().find(|f| spelled(f)).copied()
+}
+
+/// Whether `a` and `b` are the same bytes, compared eight at a time: field names are short,
+/// and a call to `memcmp` costs more than the comparison (byte by byte, it was a third of the
+/// reader's own time at saturation).
+#[inline]
+fn same_short(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut a8, mut b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let words = (&mut a8).zip(&mut b8).all(|(x, y)| word(x) == word(y));
+    words
+        && a8
+            .remainder()
+            .iter()
+            .zip(b8.remainder())
+            .all(|(x, y)| x == y)
+}
+
+/// Eight bytes as one word.
+#[inline]
+fn word(b: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(b).map_or(0, u64::from_ne_bytes)
 }
 
 struct Seq<'a, 'de> {

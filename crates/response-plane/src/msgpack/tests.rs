@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::{MAX_DEPTH, fast, from_slice};
+use super::{MAX_DEPTH, fast, from_slice, same_short};
 
 use crate::fuzzing::Item;
 
@@ -440,5 +440,27 @@ proptest! {
         let item = Item { token_ids: ids, text, cum_log_probs: cum, finish_reason: reason, index };
         prop_assert_eq!(fast::<Item>(&named(&item)), Some(item.clone()));
         prop_assert_eq!(fast::<Item>(&positional(&item)), Some(item));
+    }
+}
+
+proptest! {
+    /// Field names are compared eight bytes at a time: the same as comparing them byte by
+    /// byte, whatever their lengths and wherever they differ.
+    #[test]
+    fn names_compare_as_their_bytes_do(
+        a in proptest::collection::vec(any::<u8>(), 0..40),
+        flip in any::<prop::sample::Index>(),
+        grow in any::<bool>(),
+    ) {
+        prop_assert!(same_short(&a, &a));
+        let mut b = a.clone();
+        if grow {
+            b.push(0);
+        } else if !b.is_empty() {
+            let i = flip.index(b.len());
+            b[i] ^= 1;
+        }
+        prop_assert_eq!(same_short(&a, &b), a == b);
+        prop_assert_eq!(same_short(&b, &a), a == b);
     }
 }
