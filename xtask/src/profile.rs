@@ -135,9 +135,12 @@ pub(crate) fn run(opts: &Options) -> Result {
         .arg("--version")
         .read()
         .map_err(|e| format!("profile needs perf (apt install linux-perf): {e}"))?;
-    Cmd::cargo()
-        .args(["build", "--release", "-p", "velo-bench"])
-        .run()?;
+    let mut build = Cmd::cargo().args(["build", "--release", "-p", "velo-bench"]);
+    if is_peer_arm(&opts.arm) {
+        // The orchestrator builds the peer's own binary before its first run.
+        build = build.args(["--features", "peers"]);
+    }
+    build.run()?;
     let release = crate::soak::target_dir().join("release");
     let data = release.join(format!("profile-{}.data", opts.arm));
     // Warm-up (2 s) and the wait below, then the recording, then a margin.
@@ -166,6 +169,12 @@ pub(crate) fn run(opts: &Options) -> Result {
         .read()?;
     print!("{}", table(&opts.arm, us_per_token, &script));
     Ok(())
+}
+
+/// Whether `arm` runs a peer's binary (built with velo-bench's `peers` feature): its
+/// frontend's samples use the same bench client, so the two tables compare layer by layer.
+fn is_peer_arm(arm: &str) -> bool {
+    arm.starts_with("velo-0.") || arm.starts_with("dynamo-")
 }
 
 /// Waits for the arm's frontend, lets the window start, and records it for `secs`.

@@ -40,6 +40,8 @@ pub(super) struct Track {
     /// Tokens per [`BUCKET`] from bucket `first_bucket` on.
     pub(super) first_bucket: usize,
     pub(super) buckets: Vec<u64>,
+    /// The index in `buckets` of the last item's bucket.
+    bucket: usize,
     /// Gaps between consecutive items, us (kept only for a request started in a window).
     pub(super) gaps: Vec<u32>,
     keep_gaps: bool,
@@ -63,6 +65,7 @@ impl Track {
             window_tokens: 0,
             first_bucket: usize::MAX,
             buckets: Vec::new(),
+            bucket: 0,
             gaps: Vec::with_capacity(room),
             keep_gaps,
             spilled: Vec::new(),
@@ -70,8 +73,17 @@ impl Track {
     }
 
     /// `tokens` arrived at `now`, `gap` after the previous item (if any), while window
-    /// `window` was open (or none).
-    fn on_item(&mut self, now: Instant, tokens: u64, gap: Option<Duration>, window: Option<usize>) {
+    /// `window` was open (or none). `delivery` says whether `now` was read for this item;
+    /// an item that came with the one before it has that one's time, so its bucket is that
+    /// one's too (the bench's own cost per item stays a few adds, for every arm).
+    fn on_item(
+        &mut self,
+        now: Instant,
+        delivery: bool,
+        tokens: u64,
+        gap: Option<Duration>,
+        window: Option<usize>,
+    ) {
         if window != self.window {
             if let Some(w) = self.window {
                 self.spilled.push((w, self.window_tokens));
@@ -80,14 +92,10 @@ impl Track {
             self.window_tokens = 0;
         }
         self.window_tokens += tokens;
-        let since = u64::try_from((now - self.start).as_millis()).unwrap_or(u64::MAX);
-        let bucket = usize::try_from(since / BUCKET_MS)
-            .unwrap_or(MAX_BUCKETS)
-            .min(MAX_BUCKETS);
-        if self.first_bucket == usize::MAX {
-            self.first_bucket = bucket;
+        if delivery || self.buckets.is_empty() {
+            self.bucket = self.bucket_of(now);
         }
-        let i = bucket.saturating_sub(self.first_bucket);
+        let i = self.bucket;
         if self.buckets.len() <= i {
             self.buckets.resize(i + 1, 0);
         }
@@ -96,6 +104,19 @@ impl Track {
             self.gaps
                 .push(u32::try_from(g.as_micros()).unwrap_or(u32::MAX));
         }
+    }
+
+    /// The index in `buckets` of the bucket `now` falls in (setting `first_bucket` on the
+    /// first call).
+    fn bucket_of(&mut self, now: Instant) -> usize {
+        let since = u64::try_from((now - self.start).as_millis()).unwrap_or(u64::MAX);
+        let bucket = usize::try_from(since / BUCKET_MS)
+            .unwrap_or(MAX_BUCKETS)
+            .min(MAX_BUCKETS);
+        if self.first_bucket == usize::MAX {
+            self.first_bucket = bucket;
+        }
+        bucket.saturating_sub(self.first_bucket)
     }
 }
 
@@ -145,14 +166,15 @@ async fn one_request<F: BenchFrontend>(
         // An item that was ready when asked for arrived with the one before it (the plane
         // delivered them together; reading them took well under a microsecond), so it gets
         // that one's time: one clock read per delivery, not per item, for every arm.
-        let now = if waited || first.is_none() {
-            Instant::now()
-        } else {
-            last
-        };
+        let delivery = waited || first.is_none();
+        let now = if delivery { Instant::now() } else { last };
         let tokens = item.token_ids.len() as u64;
-        let gap = first.is_some().then(|| now - last);
-        track.on_item(now, tokens, gap, shared.window());
+        let gap = match (first.is_some(), delivery) {
+            (false, _) => None,
+            (true, true) => Some(now - last),
+            (true, false) => Some(Duration::ZERO),
+        };
+        track.on_item(now, delivery, tokens, gap, shared.window());
         n += tokens;
         first.get_or_insert(now);
         last = now;
@@ -166,4 +188,35 @@ async fn one_request<F: BenchFrontend>(
         last,
         tokens: n,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_of_one_delivery_count_in_its_bucket_and_a_later_delivery_in_its_own() {
+        let start = Instant::now();
+        let mut track = Track::new(start, Some(0), 8);
+        let at = |ms| start + Duration::from_millis(ms);
+        // A delivery of three items 150 ms in (bucket 1), then one 250 ms in (bucket 2).
+        track.on_item(at(150), true, 1, None, Some(0));
+        track.on_item(at(150), false, 2, Some(Duration::ZERO), Some(0));
+        track.on_item(at(150), false, 1, Some(Duration::ZERO), Some(0));
+        track.on_item(at(250), true, 1, Some(Duration::from_millis(100)), Some(0));
+        assert_eq!(track.first_bucket, 1);
+        assert_eq!(track.buckets, [4, 1]);
+        assert_eq!(track.window_tokens, 5);
+        assert_eq!(track.gaps, [0, 0, 100_000]);
+    }
+
+    #[test]
+    fn a_request_that_spans_windows_spills_each_window_s_tokens() {
+        let start = Instant::now();
+        let mut track = Track::new(start, Some(0), 4);
+        track.on_item(start, true, 2, None, Some(0));
+        track.on_item(start, false, 1, Some(Duration::ZERO), Some(1));
+        assert_eq!(track.spilled, [(0, 2)]);
+        assert_eq!((track.window, track.window_tokens), (Some(1), 1));
+    }
 }
