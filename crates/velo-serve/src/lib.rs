@@ -6,7 +6,7 @@
 //! - [`worker`]: velo-bench's mock engines (Dynamo's mocker timing model) answering on the
 //!   response plane.
 //! - [`wire`]: the items on the plane, Dynamo's `NetworkStreamWrapper<Annotated<LLMEngineOutput>>`.
-//! - [`work`]: the request plane between them.
+//! - [`work`]: the request plane between them, authenticated by the cluster secret.
 //! - [`discovery`]: Dynamo's file-backed discovery (`DYN_DISCOVERY_BACKEND=file`).
 //! - [`openai`]: request parsing, the tokenizer, chunk and error shapes.
 //! - [`client`] and [`load`]: an HTTP client with an SSE parser, and the load generator behind
@@ -18,7 +18,8 @@
 //! # Layer contract
 //!
 //! An application on top of the library layers: it uses the response plane only through its
-//! public API (and runtime-glue), and velo-bench only for its mock engine.
+//! public API (and runtime-glue), velo-bench only for its mock engine, and velo-session only
+//! for `ClusterSecret` (the request plane's handshake proves the response plane's secret).
 
 #![allow(clippy::cast_precision_loss)] // figures are reported as f64; counts stay far below 2^52
 

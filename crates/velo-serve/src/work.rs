@@ -1,8 +1,52 @@
 //! The request plane between a frontend and a worker: one TCP connection per worker, each
 //! request a length-delimited JSON [`WorkRequest`] carrying the response stream's address.
-//! Nothing flows back on it (answers take the response plane); the frontend reads it only to
-//! learn that the worker is gone (end of stream or an error), which it treats as the worker's
-//! removal.
+//! Every connection starts with a handshake ([`auth`]) that, with a cluster secret, proves
+//! each side to the other; then only requests flow, frontend to worker (answers take the
+//! response plane). The frontend reads the connection only to learn that the worker is gone
+//! (end of stream or an error), which it treats as the worker's removal.
+//!
+//! # Handshake
+//!
+//! The secret is the response plane's (`DYN_VELO_CLUSTER_SECRET_PATH`, read by
+//! [`RequestAuth::from_config`]). Both sides write a greeting at once, then read the peer's:
+//!
+//! ```text
+//! greeting (GREETING_LEN = 42 bytes, each side)
+//!   0..8    MAGIC "velo-rq1"        the protocol and its version
+//!   8       role                    1 frontend, 2 worker
+//!   9       mode                    0 no secret (nothing follows), 1 the sender proves the secret
+//!   10..42  nonce                   32 fresh random bytes (ring's SystemRandom)
+//! then, when both modes are 1:
+//!   frontend -> worker   proof_F (32 bytes)
+//!   worker -> frontend   0x01 then proof_W (32 bytes)   or   0x00 (refused) and close
+//! proof_X = HMAC-SHA256(secret, "velo-serve request plane v1" || role_X
+//!                               || frontend greeting || worker greeting)
+//! ```
+//!
+//! Each proof covers both sides' fresh nonces, so it is good for one connection only (no
+//! replay), and its prover's role, so a frontend's proof is never a worker's (no reflection);
+//! the label keeps it apart from the velo lanes' HELLO proofs. Proofs are checked in constant
+//! time. The worker proves itself only once the frontend has: a peer without the secret gets
+//! no MAC out of a worker. Both modes 0 is an unauthenticated connection (a worker without a
+//! secret warns at start that its request plane accepts anyone, a frontend that it sends
+//! requests to anyone). A mode that differs from this side's (a secret on one side only) is an
+//! error on both sides, each naming the side that lacks the secret; a greeting in the wrong
+//! role (a side's own greeting sent back to it) is refused; a frame written without a greeting
+//! is told apart at its first byte (a length prefix starts with zero, [`auth::MAGIC`] with
+//! `v`). [`auth::HANDSHAKE_TIMEOUT`]
+//! bounds the whole exchange on both sides, and each side reads a fixed number of bytes: no
+//! peer can make it hang or allocate.
+//!
+//! The worker reads no request frame before the frontend's proof verified; the frontend sends
+//! none before the worker's did ([`WorkChannel::connect`] returns only then). A worker closes
+//! a connection whose handshake fails, counts it ([`IntakeStats::handshakes_refused`]) and
+//! frees its slot; a frontend treats such a worker as unreachable (not routed to, tried again
+//! after a growing pause, see [`crate::frontend::pool`]).
+//!
+//! What it does not do: requests cross in plaintext, and the handshake authenticates the
+//! connection's start, not the frames after it (someone on the path can relay a genuine
+//! handshake, then read or write frames). There is no TLS on this plane: run it on a trusted
+//! network (`docs/security.md`).
 //!
 //! # Bounds
 //!
@@ -16,13 +60,15 @@
 //!   control pushes back on its sender; each request gives its place back when its engine is
 //!   done with it (its stream ended or failed) or it is refused.
 //! - [`WorkLimits::max_connections`] (`--max-request-connections`, default
-//!   [`DEFAULT_MAX_CONNECTIONS`]): connections served at once; more wait in the kernel's
-//!   accept queue until one ends.
+//!   [`DEFAULT_MAX_CONNECTIONS`]): connections served at once, those still in their handshake
+//!   included (each for at most [`auth::HANDSHAKE_TIMEOUT`]); more wait in the kernel's accept
+//!   queue until one ends.
 //!
 //! So a worker holds at most `max_requests` requests (each at most [`MAX_FRAME_BYTES`]) and
 //! `max_connections` connections, each with at most one frame read and waiting for a place.
 //! The frontend's side is bounded by [`QUEUE_REQUESTS`] per worker.
 
+pub mod auth;
 pub mod intake;
 
 use std::net::SocketAddr;
@@ -40,8 +86,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::openai::Ending;
 
+pub use auth::{HandshakeError, RequestAuth, SecretError};
 pub use intake::{
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, WorkLimitError, WorkLimits, serve,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, IntakeStats, WorkLimitError, WorkLimits, serve,
 };
 
 /// Largest request frame, in bytes, on both sides: a request is about 400 (its stream
@@ -109,6 +156,21 @@ fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
+/// Why a connection to a worker could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The worker could not be reached (network, or nothing listening).
+    #[error("cannot connect to the worker: {0}")]
+    Io(#[source] std::io::Error),
+    /// The connection was not made within [`CONNECT_TIMEOUT`].
+    #[error("no connection to the worker within {CONNECT_TIMEOUT:?}")]
+    Timeout,
+    /// The worker failed the handshake: it is not to be sent requests.
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+}
+
 /// Why a request could not be handed to a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the connection to the worker is closed")]
@@ -122,16 +184,25 @@ pub struct WorkChannel {
 }
 
 impl WorkChannel {
-    /// Connects to the worker at `addr`; its tasks run on `tracker`.
+    /// Connects to the worker at `addr` and runs the handshake under `auth` (see the module
+    /// docs); its tasks run on `tracker`. Returns once the worker proved itself (or neither
+    /// side has a secret): nothing is sent before.
     ///
     /// # Errors
     ///
-    /// The connection's I/O error (or a timeout after [`CONNECT_TIMEOUT`]).
-    pub async fn connect(addr: SocketAddr, tracker: &TaskTracker) -> std::io::Result<Self> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+    /// [`ConnectError`]: the connection's I/O error, a timeout after [`CONNECT_TIMEOUT`], or
+    /// the handshake's error (after at most [`auth::HANDSHAKE_TIMEOUT`]).
+    pub async fn connect(
+        addr: SocketAddr,
+        auth: &RequestAuth,
+        tracker: &TaskTracker,
+    ) -> Result<Self, ConnectError> {
+        let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-        stream.set_nodelay(true)?;
+            .map_err(|_| ConnectError::Timeout)?
+            .map_err(ConnectError::Io)?;
+        stream.set_nodelay(true).map_err(ConnectError::Io)?;
+        auth::frontend_handshake(&mut stream, auth).await?;
         let (read, write) = stream.into_split();
         let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
         let lost = CancellationToken::new();

@@ -20,6 +20,8 @@ async fn silent_worker(c: &Cluster, instance_id: u64, stop: &CancellationToken) 
     let serve = velo_serve::work::serve(
         listener,
         velo_serve::work::WorkLimits::default(),
+        velo_serve::work::RequestAuth::open(),
+        std::sync::Arc::default(),
         TaskTracker::new(),
         stop.clone(),
         |_| {},

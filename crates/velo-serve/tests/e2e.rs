@@ -348,9 +348,16 @@ async fn silent_worker() -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<(
     let addr = listener.local_addr().expect("an address");
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((mut stream, _)) = listener.accept().await else {
             return;
         };
+        let open = velo_serve::work::RequestAuth::open();
+        if velo_serve::work::auth::worker_handshake(&mut stream, &open)
+            .await
+            .is_err()
+        {
+            return;
+        }
         let mut frames = tokio_util::codec::FramedRead::new(
             stream,
             tokio_util::codec::LengthDelimitedCodec::new(),

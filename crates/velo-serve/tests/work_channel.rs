@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use response_plane::ConnectionInfo;
 use tokio_util::task::TaskTracker;
-use velo_serve::work::{WireEnding, WorkChannel, WorkRequest};
+use velo_serve::work::{RequestAuth, WireEnding, WorkChannel, WorkRequest};
 
 /// Bounds every wait of these tests.
 const BOUND: Duration = Duration::from_secs(10);
@@ -18,13 +18,18 @@ async fn a_send_waiting_on_a_worker_that_stopped_reading_ends_when_the_worker_is
     let addr = listener.local_addr().unwrap();
     let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
     let held = tokio::spawn(async move {
-        let (socket, _) = listener.accept().await.unwrap();
+        let (mut socket, _) = listener.accept().await.unwrap();
+        velo_serve::work::auth::worker_handshake(&mut socket, &RequestAuth::open())
+            .await
+            .unwrap();
         let _ = accepted_tx.send(());
         std::future::pending::<()>().await;
         drop(socket);
     });
     let tracker = TaskTracker::new();
-    let channel = WorkChannel::connect(addr, &tracker).await.unwrap();
+    let channel = WorkChannel::connect(addr, &RequestAuth::open(), &tracker)
+        .await
+        .unwrap();
     tokio::time::timeout(BOUND, accepted)
         .await
         .unwrap()

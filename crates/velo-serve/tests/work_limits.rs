@@ -18,7 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use velo_serve::wire::StreamItem;
-use velo_serve::work::{WireEnding, WorkLimits, WorkRequest};
+use velo_serve::work::auth::{GREETING_LEN, MAGIC};
+use velo_serve::work::{RequestAuth, WireEnding, WorkLimits, WorkRequest};
 use velo_serve::worker::{Worker, WorkerStats};
 
 use harness::BOUND;
@@ -33,6 +34,17 @@ fn frame(request: &WorkRequest) -> Bytes {
     out.put_u32(u32::try_from(body.len()).expect("a small request"));
     out.put_slice(&body);
     out.freeze()
+}
+
+/// A frontend's greeting without a secret (see `velo_serve::work`'s docs): the request
+/// plane's handshake with a worker that has none either, written ahead of the requests (the
+/// worker's own greeting is left unread).
+fn open_greeting() -> [u8; GREETING_LEN] {
+    let mut g = [0; GREETING_LEN];
+    g[..MAGIC.len()].copy_from_slice(&MAGIC);
+    g[MAGIC.len()] = 1; // a frontend
+    g[MAGIC.len() + 1] = 0; // no secret: no proof follows
+    g
 }
 
 /// Waits for a stream's prologue, reports it with a way to end it, then reads it (a frontend
@@ -100,6 +112,7 @@ async fn a_peer_flooding_a_worker_with_requests_gets_at_most_max_requests_held()
 
     let (held_tx, mut held) = mpsc::channel(64);
     let mut frames = BytesMut::new();
+    frames.put_slice(&open_greeting());
     for id in 0..SENT {
         let opts = RegisterOptions {
             codec: Codec::Msgpack,
@@ -161,8 +174,15 @@ fn serve_two_connections(stop: &CancellationToken) -> (std::net::SocketAddr, mps
         let id = WorkRequest::decode(&raw).map_or(u64::MAX, |r| r.id);
         let _ = tx.try_send(id);
     };
-    let serve =
-        velo_serve::work::serve(listener, limits, TaskTracker::new(), stop.clone(), deliver);
+    let serve = velo_serve::work::serve(
+        listener,
+        limits,
+        RequestAuth::open(),
+        std::sync::Arc::default(),
+        TaskTracker::new(),
+        stop.clone(),
+        deliver,
+    );
     tokio::spawn(serve);
     (addr, rx)
 }
@@ -201,6 +221,9 @@ async fn a_worker_serves_at_most_max_connections_and_the_next_once_one_ends() {
     let mut first = TcpStream::connect(addr).await.unwrap();
     let mut second = TcpStream::connect(addr).await.unwrap();
     let mut third = TcpStream::connect(addr).await.unwrap();
+    for conn in [&mut first, &mut second, &mut third] {
+        conn.write_all(&open_greeting()).await.unwrap();
+    }
     send(&mut third, 3).await;
     send(&mut first, 1).await;
     send(&mut second, 2).await;
@@ -226,6 +249,7 @@ async fn refused_requests_give_their_place_back() {
     config.work_limits.max_requests = 1;
     let worker = Worker::start(config).await.expect("the worker starts");
     let mut peer = TcpStream::connect(worker.address()).await.unwrap();
+    peer.write_all(&open_greeting()).await.unwrap();
     for _ in 0..SENT {
         peer.write_all(&[0, 0, 0, 3, b'n', b'o', b'!'])
             .await

@@ -118,6 +118,9 @@ pub enum FrontendError {
     /// The service was configured without the frontend role.
     #[error("the response-plane service does not run the frontend role")]
     NotAFrontend,
+    /// The cluster secret for the request plane could not be read.
+    #[error(transparent)]
+    Secret(#[from] crate::work::SecretError),
     /// Discovery could not be watched.
     #[error("cannot watch discovery under {dir}: {source}")]
     Discovery {
@@ -183,6 +186,8 @@ impl Frontend {
                 max_body: config.max_body_bytes,
             });
         }
+        // The response plane's secret guards the request plane too.
+        let auth = crate::work::RequestAuth::from_config(config.service.response_plane())?;
         let (service, plane_thread) = if config.plane_thread {
             let t = PlaneThread::start(config.service.clone())?;
             (t.service.clone(), Some(t))
@@ -211,6 +216,7 @@ impl Frontend {
         let follow = pool::follow(
             pool.clone(),
             plane.clone(),
+            auth,
             changes,
             forget,
             tracker.clone(),

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::discovery::watch::{Change, Forget};
-use crate::work::WorkChannel;
+use crate::work::{ConnectError, RequestAuth, WorkChannel};
 
 /// How long a removed worker's open streams may keep generating before they are ended.
 pub const REMOVAL_GRACE: Duration = Duration::from_secs(10);
@@ -190,16 +190,24 @@ impl Pool {
     }
 }
 
-/// Keeps `pool` in step with discovery until `stop`: connects to added workers, removes the
-/// ones that left (see the module docs).
+/// Keeps `pool` in step with discovery until `stop`: connects to added workers (each must
+/// pass the request plane's handshake under `auth`), removes the ones that left (see the
+/// module docs).
 pub async fn follow(
     pool: Arc<Pool>,
     plane: FrontendPlane,
+    auth: RequestAuth,
     mut changes: mpsc::Receiver<Change>,
     forget: Forget,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
+    if !auth.has_secret() {
+        tracing::warn!(
+            "the request plane authenticates no worker: no cluster secret \
+             (DYN_VELO_CLUSTER_SECRET_PATH); requests go to whoever listens at a discovered address"
+        );
+    }
     loop {
         // Cancel safety: `recv` loses nothing when `stop` wins.
         let change = tokio::select! {
@@ -213,6 +221,7 @@ pub async fn follow(
                 let ctx = Context {
                     pool: pool.clone(),
                     plane: plane.clone(),
+                    auth: auth.clone(),
                     forget: forget.clone(),
                     tracker: tracker.clone(),
                     stop: stop.clone(),
@@ -231,6 +240,7 @@ pub async fn follow(
 struct Context {
     pool: Arc<Pool>,
     plane: FrontendPlane,
+    auth: RequestAuth,
     forget: Forget,
     tracker: TaskTracker,
     stop: CancellationToken,
@@ -250,12 +260,14 @@ impl Context {
 }
 
 /// Connects to a worker's request plane and adds it, unless it left meanwhile; forgets it (to
-/// be retried on a later scan, after a pause) when that fails or the connection is lost later,
-/// removing it then. Ends, closing the connection, when `follow` stops.
+/// be retried on a later scan, after a pause) when that fails (a worker that fails the
+/// handshake is never routed to) or the connection is lost later, removing it then. Ends,
+/// closing the connection, when `follow` stops.
 async fn connect(instance: crate::discovery::Instance, addition: u64, ctx: Context) {
     let Context {
         pool,
         plane,
+        auth,
         tracker,
         stop,
         ..
@@ -265,8 +277,18 @@ async fn connect(instance: crate::discovery::Instance, addition: u64, ctx: Conte
         tracing::warn!(instance = format!("{id:x}"), transport = ?instance.transport, "unusable worker address");
         return;
     };
-    let channel = match WorkChannel::connect(addr, tracker).await {
+    // Cancel safety: a connection cut short by `stop` is dropped, closed.
+    let connected = tokio::select! {
+        c = WorkChannel::connect(addr, auth, tracker) => c,
+        () = stop.cancelled() => return,
+    };
+    let channel = match connected {
         Ok(c) => c,
+        Err(ConnectError::Handshake(e)) => {
+            tracing::warn!(instance = format!("{id:x}"), %addr, error = %e, "worker failed the request-plane handshake: not routed to");
+            ctx.retry_later(id).await;
+            return;
+        }
         Err(e) => {
             tracing::warn!(instance = format!("{id:x}"), %addr, error = %e, "cannot reach worker");
             ctx.retry_later(id).await;
@@ -353,6 +375,22 @@ mod tests {
 
     const BOUND: Duration = Duration::from_secs(20);
 
+    /// The next connection to `listener`, past the request plane's handshake (no secret), as
+    /// a worker takes it.
+    async fn accept_worker(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+        let (mut conn, _) = tokio::time::timeout(BOUND, listener.accept())
+            .await
+            .expect("the frontend connects")
+            .unwrap();
+        let open = RequestAuth::open();
+        let handshake = crate::work::auth::worker_handshake(&mut conn, &open);
+        tokio::time::timeout(BOUND, handshake)
+            .await
+            .expect("the handshake ends in time")
+            .expect("the frontend greets");
+        conn
+    }
+
     fn instance(addr: std::net::SocketAddr) -> Instance {
         Instance {
             namespace: "ns".into(),
@@ -386,6 +424,7 @@ mod tests {
         let follow = follow(
             pool.clone(),
             plane.clone(),
+            RequestAuth::open(),
             changes,
             forget,
             tracker.clone(),
@@ -439,10 +478,7 @@ mod tests {
             .send(Change::Added(instance(listener.local_addr().unwrap())))
             .await
             .unwrap();
-        let _conn = tokio::time::timeout(BOUND, listener.accept())
-            .await
-            .expect("the frontend connects")
-            .unwrap();
+        let _conn = accept_worker(&listener).await;
         let start = tokio::time::Instant::now();
         while pool.is_empty() {
             assert!(start.elapsed() < BOUND, "the worker is never routed to");
@@ -487,10 +523,12 @@ mod tests {
             .send(Change::Added(instance(listener.local_addr().unwrap())))
             .await
             .unwrap();
-        let (mut conn, _) = tokio::time::timeout(BOUND, listener.accept())
-            .await
-            .expect("the frontend connects")
-            .unwrap();
+        let mut conn = accept_worker(&listener).await;
+        let start = tokio::time::Instant::now();
+        while pool.is_empty() {
+            assert!(start.elapsed() < BOUND, "the worker is never routed to");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         stop.cancel();
         tracker.close();
         tokio::time::timeout(BOUND, tracker.wait())
@@ -516,10 +554,7 @@ mod tests {
         let worker = instance(listener.local_addr().unwrap());
         changes.send(Change::Added(worker)).await.unwrap();
         changes.send(Change::Removed(7)).await.unwrap();
-        let (mut conn, _) = tokio::time::timeout(BOUND, listener.accept())
-            .await
-            .expect("the frontend connects")
-            .unwrap();
+        let mut conn = accept_worker(&listener).await;
         // The frontend closes the connection it no longer wants: the worker reads its end.
         let mut byte = [0u8; 1];
         let end = tokio::time::timeout(BOUND, conn.read(&mut byte)).await;

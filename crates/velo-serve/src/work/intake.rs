@@ -1,7 +1,10 @@
-//! The worker's side of the request plane: accepts frontend connections and hands every
-//! request frame to the worker, within [`WorkLimits`] (see the parent module's bounds).
+//! The worker's side of the request plane: accepts frontend connections, admits those whose
+//! handshake succeeds ([`super::auth`]) and hands every request frame they send to the
+//! worker, within [`WorkLimits`] (see the parent module's bounds).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,6 +14,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use super::auth::{self, RequestAuth};
 
 /// Requests a worker holds at once by default (read and not yet finished). It is the
 /// frontend's default `max_in_flight`, so one frontend at its own limit is not held back, and
@@ -81,8 +86,20 @@ impl WorkLimits {
     }
 }
 
-/// The worker's side: accepts frontend connections on `listener` and hands every request
-/// frame to `deliver`, until `stop`, within `limits`. Connections run on `tracker`.
+/// What a worker's request plane counted, as it happens.
+#[derive(Debug, Default)]
+pub struct IntakeStats {
+    /// Connections closed because their handshake failed (a peer without the secret or with
+    /// another one, one that did not greet, or a secret on one side only); none of their
+    /// bytes past the handshake was read.
+    pub handshakes_refused: AtomicU64,
+}
+
+/// The worker's side: accepts frontend connections on `listener`, runs the handshake under
+/// `auth` on each (one that fails is closed unread and counted in `stats`), and hands every
+/// request frame of the admitted ones to `deliver`, until `stop`, within `limits`.
+/// Connections run on `tracker`. Without a secret in `auth`, warns once that anyone who
+/// reaches the port is served.
 ///
 /// Every frame handed to `deliver` holds one of `limits.max_requests` places for as long as
 /// it (or any clone of it) lives: whoever keeps the request keeps its place, and dropping it
@@ -95,11 +112,20 @@ impl WorkLimits {
 pub async fn serve(
     listener: TcpListener,
     limits: WorkLimits,
+    auth: RequestAuth,
+    stats: Arc<IntakeStats>,
     tracker: TaskTracker,
     stop: CancellationToken,
     deliver: impl Fn(Bytes) + Clone + Send + 'static,
 ) -> Result<(), WorkLimitError> {
     limits.validate()?;
+    if !auth.has_secret() {
+        tracing::warn!(
+            addr = ?listener.local_addr().ok(),
+            "the request plane accepts anyone who reaches its port: no cluster secret \
+             (DYN_VELO_CLUSTER_SECRET_PATH) authenticates its frontends"
+        );
+    }
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
     loop {
@@ -113,8 +139,8 @@ pub async fn serve(
             a = listener.accept() => a,
             () = stop.cancelled() => return Ok(()),
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot accept a request-plane connection");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
@@ -122,11 +148,46 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let connection = read_requests(stream, requests.clone(), stop.clone(), deliver.clone());
+        let connection = Connection {
+            peer,
+            auth: auth.clone(),
+            stats: stats.clone(),
+            requests: requests.clone(),
+            stop: stop.clone(),
+        };
+        let connection = connection.serve(stream, deliver.clone());
         tracker.spawn(async move {
             connection.await;
             drop(slot);
         });
+    }
+}
+
+/// What one connection's task shares with [`serve`].
+struct Connection {
+    peer: SocketAddr,
+    auth: RequestAuth,
+    stats: Arc<IntakeStats>,
+    requests: Arc<Semaphore>,
+    stop: CancellationToken,
+}
+
+impl Connection {
+    /// The handshake, then the requests; until either fails, the connection ends, or `stop`.
+    async fn serve(self, mut stream: TcpStream, deliver: impl Fn(Bytes)) {
+        // Cancel safety: a handshake cut short by `stop` only closes its connection.
+        let admitted = tokio::select! {
+            r = auth::worker_handshake(&mut stream, &self.auth) => r,
+            () = self.stop.cancelled() => return,
+        };
+        if let Err(e) = admitted {
+            self.stats
+                .handshakes_refused
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer = %self.peer, error = %e, "request-plane handshake failed: closing the connection");
+            return;
+        }
+        read_requests(stream, self.requests, self.stop, deliver).await;
     }
 }
 

@@ -22,7 +22,7 @@ pub use engine::WorkerStats;
 
 use crate::discovery::lease::Lease;
 use crate::discovery::{DiscoveryConfig, Instance, Transport};
-use crate::work::{WorkLimitError, WorkLimits};
+use crate::work::{IntakeStats, RequestAuth, SecretError, WorkLimitError, WorkLimits};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ pub enum WorkerError {
     /// A request-plane bound is out of range.
     #[error(transparent)]
     Limits(#[from] WorkLimitError),
+    /// The cluster secret for the request plane could not be read.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     /// The service was configured without the worker role.
     #[error("the response-plane service does not run the worker role")]
     NotAWorker,
@@ -86,6 +89,7 @@ pub struct Worker {
     addr: SocketAddr,
     lease: Option<Lease>,
     stats: Arc<WorkerStats>,
+    intake: Arc<IntakeStats>,
     service: ResponseService,
     stop: CancellationToken,
     tracker: TaskTracker,
@@ -99,6 +103,8 @@ impl Worker {
     /// [`WorkerError`] naming what could not start.
     pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
         config.work_limits.validate()?;
+        // The response plane's secret guards the request plane too.
+        let auth = RequestAuth::from_config(config.service.response_plane())?;
         let tracker = TaskTracker::new();
         let instance_id = new_instance_id();
         let service = ResponseService::start(announcing(&config.service, instance_id)?).await?;
@@ -128,9 +134,12 @@ impl Worker {
             let engines = engines.clone();
             spawner.spawn(async move { engines.serve(frame).await });
         };
+        let intake = Arc::new(IntakeStats::default());
         tracker.spawn(crate::work::serve(
             listener,
             config.work_limits,
+            auth,
+            intake.clone(),
             tracker.clone(),
             stop.clone(),
             deliver,
@@ -154,6 +163,7 @@ impl Worker {
             addr,
             lease: Some(lease),
             stats,
+            intake,
             service,
             stop,
             tracker,
@@ -173,6 +183,11 @@ impl Worker {
     /// The engines' counters.
     pub fn stats(&self) -> &Arc<WorkerStats> {
         &self.stats
+    }
+
+    /// The request plane's counters.
+    pub fn intake_stats(&self) -> &Arc<IntakeStats> {
+        &self.intake
     }
 
     /// Deletes the discovery record (frontends stop sending requests here).

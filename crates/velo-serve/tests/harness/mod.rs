@@ -38,6 +38,27 @@ pub fn plane(plane: Plane) -> ResponsePlaneConfig {
         .expect("a valid plane configuration")
 }
 
+/// A file holding `secret`, private to this test process.
+pub fn secret_file(secret: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "velo-serve-secret-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, secret).expect("the secret file is written");
+    path
+}
+
+/// The velo plane on loopback with the cluster secret `secret` (none for `None`).
+pub fn plane_with_secret(secret: Option<&str>) -> ResponsePlaneConfig {
+    plane(Plane::Velo)
+        .to_builder()
+        .secret_path(secret.map(secret_file))
+        .build()
+        .expect("a valid plane configuration")
+}
+
 /// A fresh discovery directory.
 pub fn discovery(ttl: Duration) -> DiscoveryConfig {
     static N: AtomicU32 = AtomicU32::new(0);

@@ -1,0 +1,357 @@
+//! The request plane's handshake: who may send a worker requests, and whom a frontend sends
+//! them to. Every connection starts with it, before any request frame; the wire format, and
+//! why a proof cannot be replayed or reflected, are in the parent module's docs
+//! ([`crate::work`], "Handshake").
+//!
+//! Both sides hold a [`RequestAuth`]: the cluster secret of the response plane's
+//! configuration (`DYN_VELO_CLUSTER_SECRET_PATH`), or none. [`frontend_handshake`] and
+//! [`worker_handshake`] run one side each, bounded by [`HANDSHAKE_TIMEOUT`] and reading a fixed
+//! number of bytes; either fails with a [`HandshakeError`] naming what is wrong, after which
+//! the connection is closed.
+
+use std::time::Duration;
+
+use ring::rand::{SecureRandom, SystemRandom};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use velo_session::ClusterSecret;
+
+mod error;
+
+pub use error::{HandshakeError, SecretError};
+
+/// How long a handshake may take in all, on either side: far above a few round trips on any
+/// network, short enough that a peer that says nothing holds a worker's connection slot
+/// briefly. The velo lanes' HELLO exchange has the same bound.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first bytes of every greeting: the protocol and its version. A request frame's length
+/// prefix starts with a zero byte (frames are at most 64 KiB), so a peer that writes frames
+/// at once, without greeting, is told apart at its first byte.
+pub const MAGIC: [u8; 8] = *b"velo-rq1";
+/// A greeting's length in bytes: [`MAGIC`], the sender's role, whether a proof follows, and
+/// a nonce.
+pub const GREETING_LEN: usize = MAGIC.len() + 2 + NONCE_LEN;
+/// A proof's length in bytes: an HMAC-SHA256 tag.
+pub const PROOF_LEN: usize = 32;
+
+/// One side of a request-plane connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The side that connects and sends requests.
+    Frontend,
+    /// The side that accepts and runs them.
+    Worker,
+}
+
+impl Side {
+    fn byte(self) -> u8 {
+        match self {
+            Self::Frontend => ROLE_FRONTEND,
+            Self::Worker => ROLE_WORKER,
+        }
+    }
+
+    /// The prover's part of a proof's transcript: its role byte.
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Self::Frontend => &[ROLE_FRONTEND],
+            Self::Worker => &[ROLE_WORKER],
+        }
+    }
+
+    fn other(self) -> Self {
+        match self {
+            Self::Frontend => Self::Worker,
+            Self::Worker => Self::Frontend,
+        }
+    }
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Frontend => "frontend",
+            Self::Worker => "worker",
+        })
+    }
+}
+
+/// What this side proves and demands on the request plane: the cluster secret, or nothing
+/// (every peer without a secret is served, and one with a secret refused). Cheap to clone;
+/// never prints the secret.
+#[derive(Clone, Default)]
+pub struct RequestAuth {
+    secret: Option<ClusterSecret>,
+}
+
+impl RequestAuth {
+    /// No secret: the request plane authenticates nobody.
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    /// The secret `bytes` (as in the secret's file, surrounding ASCII whitespace ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::Length`] when they are shorter or longer than a secret may be.
+    pub fn with_secret(bytes: &[u8]) -> Result<Self, SecretError> {
+        let bytes = bytes.trim_ascii();
+        let secret = ClusterSecret::new(bytes).map_err(|_| SecretError::Length {
+            path: None,
+            len: bytes.len(),
+        })?;
+        Ok(Self {
+            secret: Some(secret),
+        })
+    }
+
+    /// The response plane's secret: read from the file `config` names
+    /// (`DYN_VELO_CLUSTER_SECRET_PATH`) as the plane reads it, or none when it names none.
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError`] when the file cannot be read or holds no usable secret.
+    pub fn from_config(config: &response_plane::ResponsePlaneConfig) -> Result<Self, SecretError> {
+        let Some(path) = config.secret_path() else {
+            return Ok(Self::open());
+        };
+        let bytes = std::fs::read(path).map_err(|source| SecretError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::with_secret(&bytes).map_err(|e| match e {
+            SecretError::Length { len, .. } => SecretError::Length {
+                path: Some(path.to_owned()),
+                len,
+            },
+            read @ SecretError::Read { .. } => read,
+        })
+    }
+
+    /// Whether this side has a secret (and so demands one).
+    pub fn has_secret(&self) -> bool {
+        self.secret.is_some()
+    }
+}
+
+impl std::fmt::Debug for RequestAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = if self.has_secret() { "set" } else { "none" };
+        write!(f, "RequestAuth {{ secret: {secret} }}")
+    }
+}
+
+/// The frontend's side of the handshake on a fresh connection: on `Ok`, the worker proved
+/// the secret (or neither side has one) and requests may follow. Reads exactly what the
+/// handshake needs, nothing of what follows.
+///
+/// # Errors
+///
+/// [`HandshakeError`] naming what is wrong; the caller closes the connection and sends no
+/// request on it.
+pub async fn frontend_handshake<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    bounded(Side::Worker, HANDSHAKE_TIMEOUT, frontend(stream, auth)).await
+}
+
+/// The worker's side of the handshake on an accepted connection: on `Ok`, the frontend
+/// proved the secret (or neither side has one) and its request frames may be read. Reads
+/// exactly what the handshake needs: not one byte of a request before the frontend's proof
+/// verified.
+///
+/// # Errors
+///
+/// [`HandshakeError`] naming what is wrong; the caller closes the connection unread.
+pub async fn worker_handshake<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    bounded(Side::Frontend, HANDSHAKE_TIMEOUT, worker(stream, auth)).await
+}
+
+async fn bounded(
+    peer: Side,
+    bound: Duration,
+    handshake: impl Future<Output = Result<(), HandshakeError>>,
+) -> Result<(), HandshakeError> {
+    tokio::time::timeout(bound, handshake)
+        .await
+        .map_err(|_| HandshakeError::Timeout { peer, bound })?
+}
+
+async fn frontend<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let peer = Side::Worker;
+    let ours = greeting(Side::Frontend, auth);
+    send(stream, peer, &ours).await?;
+    let theirs = read_greeting(stream, peer).await?;
+    let Some(secret) = agree(auth, &theirs, peer)? else {
+        return Ok(());
+    };
+    let transcript = |prover: Side| -> [&[u8]; 4] { [LABEL, prover.tag(), &ours, &theirs] };
+    send(stream, peer, &secret.mac(&transcript(Side::Frontend))).await?;
+    let [verdict] = receive::<_, 1>(stream, peer, "verdict on this frontend's proof").await?;
+    match verdict {
+        VERDICT_ACCEPTED => {}
+        VERDICT_REFUSED => return Err(HandshakeError::Refused),
+        value => {
+            let what = "verdict";
+            return Err(HandshakeError::Malformed { peer, what, value });
+        }
+    }
+    let proof = receive::<_, PROOF_LEN>(stream, peer, "proof").await?;
+    if !secret.verify_mac(&transcript(Side::Worker), &proof) {
+        return Err(HandshakeError::BadProof { peer });
+    }
+    Ok(())
+}
+
+async fn worker<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let peer = Side::Frontend;
+    let ours = greeting(Side::Worker, auth);
+    send(stream, peer, &ours).await?;
+    let theirs = read_greeting(stream, peer).await?;
+    let Some(secret) = agree(auth, &theirs, peer)? else {
+        return Ok(());
+    };
+    let transcript = |prover: Side| -> [&[u8]; 4] { [LABEL, prover.tag(), &theirs, &ours] };
+    let proof = receive::<_, PROOF_LEN>(stream, peer, "proof").await?;
+    if !secret.verify_mac(&transcript(Side::Frontend), &proof) {
+        // Best effort: the frontend learns why; the connection closes whatever happens.
+        if send(stream, peer, &[VERDICT_REFUSED]).await.is_err() {
+            tracing::debug!("the refused frontend is already gone");
+        }
+        return Err(HandshakeError::BadProof { peer });
+    }
+    // The worker proves itself only to a frontend that did: a stranger gets no MAC out of it.
+    let mut answer = [0; 1 + PROOF_LEN];
+    answer[0] = VERDICT_ACCEPTED;
+    answer[1..].copy_from_slice(&secret.mac(&transcript(Side::Worker)));
+    send(stream, peer, &answer).await
+}
+
+/// This side's greeting: [`MAGIC`], role, mode, a fresh nonce.
+fn greeting(side: Side, auth: &RequestAuth) -> [u8; GREETING_LEN] {
+    let mut g = [0; GREETING_LEN];
+    g[..MAGIC.len()].copy_from_slice(&MAGIC);
+    g[MAGIC.len()] = side.byte();
+    g[MAGIC.len() + 1] = if auth.has_secret() {
+        MODE_SECRET
+    } else {
+        MODE_OPEN
+    };
+    // The generator the velo lanes' nonces come from. Without it nothing can be
+    // authenticated, so its failure is fatal there too.
+    SystemRandom::new()
+        .fill(&mut g[MAGIC.len() + 2..])
+        .expect("the OS random generator works");
+    g
+}
+
+/// Reads the peer's greeting and checks its magic and role (its mode is [`agree`]'s).
+async fn read_greeting<S>(stream: &mut S, peer: Side) -> Result<[u8; GREETING_LEN], HandshakeError>
+where
+    S: AsyncRead + Unpin,
+{
+    // The first byte alone: a peer writing frames at once is told at its first byte.
+    let [first] = receive::<_, 1>(stream, peer, "greeting").await?;
+    if first != MAGIC[0] {
+        return Err(HandshakeError::NotAGreeting { peer });
+    }
+    let rest = receive::<_, { GREETING_LEN - 1 }>(stream, peer, "greeting").await?;
+    let mut g = [0; GREETING_LEN];
+    g[0] = first;
+    g[1..].copy_from_slice(&rest);
+    if g[..MAGIC.len()] != MAGIC {
+        return Err(HandshakeError::NotAGreeting { peer });
+    }
+    match g[MAGIC.len()] {
+        role if role == peer.byte() => Ok(g),
+        role if role == peer.other().byte() => Err(HandshakeError::WrongRole {
+            peer,
+            got: peer.other(),
+        }),
+        value => Err(HandshakeError::Malformed {
+            peer,
+            what: "role",
+            value,
+        }),
+    }
+}
+
+/// The secret both sides prove, `None` when neither has one; an error when one side only
+/// has one.
+fn agree<'a>(
+    auth: &'a RequestAuth,
+    theirs: &[u8; GREETING_LEN],
+    peer: Side,
+) -> Result<Option<&'a ClusterSecret>, HandshakeError> {
+    match (theirs[MAGIC.len() + 1], &auth.secret) {
+        (MODE_OPEN, None) => Ok(None),
+        (MODE_SECRET, Some(secret)) => Ok(Some(secret)),
+        (MODE_OPEN, Some(_)) => Err(HandshakeError::PeerHasNoSecret { peer }),
+        (MODE_SECRET, None) => Err(HandshakeError::NoLocalSecret { peer }),
+        (value, _) => Err(HandshakeError::Malformed {
+            peer,
+            what: "mode",
+            value,
+        }),
+    }
+}
+
+async fn send<S>(stream: &mut S, peer: Side, bytes: &[u8]) -> Result<(), HandshakeError>
+where
+    S: AsyncWrite + Unpin,
+{
+    let io = |source| HandshakeError::Io { peer, source };
+    stream.write_all(bytes).await.map_err(io)?;
+    stream.flush().await.map_err(io)
+}
+
+/// Exactly `N` bytes from the peer.
+async fn receive<S, const N: usize>(
+    stream: &mut S,
+    peer: Side,
+    awaiting: &'static str,
+) -> Result<[u8; N], HandshakeError>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut buf = [0; N];
+    match stream.read_exact(&mut buf).await {
+        Ok(_) => Ok(buf),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err(HandshakeError::Closed { peer, awaiting })
+        }
+        Err(source) => Err(HandshakeError::Io { peer, source }),
+    }
+}
+
+/// A greeting's role byte for a frontend.
+const ROLE_FRONTEND: u8 = 1;
+/// A greeting's role byte for a worker.
+const ROLE_WORKER: u8 = 2;
+/// A greeting's mode byte: the sender has no cluster secret; no proof follows.
+const MODE_OPEN: u8 = 0;
+/// A greeting's mode byte: the sender has a cluster secret and proves it.
+const MODE_SECRET: u8 = 1;
+/// The worker's verdict on the frontend's proof: refused (the worker closes next).
+const VERDICT_REFUSED: u8 = 0;
+/// The worker's verdict on the frontend's proof: accepted, the worker's own proof follows.
+const VERDICT_ACCEPTED: u8 = 1;
+/// A nonce's length in bytes (256 bits: never repeats).
+const NONCE_LEN: usize = 32;
+/// The label every proof's transcript starts with: this protocol and its version, so no
+/// proof here is a velo lane's HELLO proof (whose labels begin `velo v3`) or another
+/// protocol's.
+const LABEL: &[u8] = b"velo-serve request plane v1";
+
+#[cfg(test)]
+mod tests;
