@@ -1,9 +1,41 @@
 //! The request plane between a frontend and a worker: one TCP connection per worker, each
 //! request a length-delimited JSON [`WorkRequest`] carrying the response stream's address.
-//! Every connection starts with a handshake ([`auth`]) that, with a cluster secret, proves
-//! each side to the other; then only requests flow, frontend to worker (answers take the
-//! response plane). The frontend reads the connection only to learn that the worker is gone
-//! (end of stream or an error), which it treats as the worker's removal.
+//! Every connection starts with TLS, when configured (see "TLS"), then a handshake
+//! ([`auth`]) that, with a cluster secret, proves each side to the other; then only requests
+//! flow, frontend to worker (answers take the response plane). The frontend reads the
+//! connection only to learn that the worker is gone (end of stream or an error), which it
+//! treats as the worker's removal.
+//!
+//! ```text
+//! TCP connect (frontend -> worker)
+//! [TLS handshake: frontend = TLS server, worker = TLS client]   when TLS is on
+//! greetings, proofs (below)                                       inside TLS when on
+//! request frames, frontend -> worker: u32 big-endian length, JSON  inside TLS when on
+//! ```
+//!
+//! # TLS
+//!
+//! The request plane reuses the response plane's TLS material ([`RequestAuth::from_config`]
+//! reads `DYN_TCP_TLS_*`), with the TLS roles inverted relative to the TCP roles, so that no
+//! new certificate is needed: the frontend, which connects, is the TLS server with its
+//! response-plane identity (`DYN_TCP_TLS_CERT_PATH`/`KEY`; it requires workers' client
+//! certificates when `DYN_TCP_TLS_CLIENT_CA_CERT_PATH` is set); the worker, which accepts, is
+//! the TLS client with its response-plane trust (`DYN_TCP_TLS_CA_CERT_PATH` or
+//! `DYN_TCP_TLS_INSECURE`), naming the frontend by `DYN_TCP_TLS_SERVER_NAME`, else its IP
+//! address, and presenting `DYN_TCP_TLS_CLIENT_CERT_PATH`/`KEY` when set. TLS is on for a
+//! frontend with a server identity, for a worker with trust. The secret's handshake then runs
+//! inside the session unchanged: it still authenticates both sides without mutual TLS, and
+//! no proof crosses in clear.
+//!
+//! TLS on one side only is an error on both, each naming the side without TLS, told at the
+//! first byte read rather than waited out: a TLS frontend peeks the worker's first byte (a
+//! TLS record starts with [`velo_tls::TLS_HANDSHAKE_RECORD`], a greeting with `v`) and
+//! answers a plaintext worker with a greeting whose mode says TLS is required (2), then
+//! closes; a plaintext frontend finds a TLS record where the worker's greeting should be; a
+//! TLS worker finds a greeting where the frontend's TLS record should be. A certificate the
+//! other side does not accept fails the TLS handshake ([`HandshakeError::Tls`]). The TLS
+//! handshake is bounded by `DYN_TCP_TLS_HANDSHAKE_TIMEOUT_SECS` and, with the rest of the
+//! handshake, by [`auth::HANDSHAKE_TIMEOUT`].
 //!
 //! # Handshake
 //!
@@ -14,7 +46,8 @@
 //! greeting (GREETING_LEN = 42 bytes, each side)
 //!   0..8    MAGIC "velo-rq1"        the protocol and its version
 //!   8       role                    1 frontend, 2 worker
-//!   9       mode                    0 no secret (nothing follows), 1 the sender proves the secret
+//!   9       mode                    0 no secret (nothing follows), 1 the sender proves the secret,
+//!                                   2 (frontend, in plaintext) TLS is required; it closes next
 //!   10..42  nonce                   32 fresh random bytes (ring's SystemRandom)
 //! then, when both modes are 1:
 //!   frontend -> worker   proof_F (32 bytes)
@@ -38,15 +71,16 @@
 //! peer can make it hang or allocate.
 //!
 //! The worker reads no request frame before the frontend's proof verified; the frontend sends
-//! none before the worker's did ([`WorkChannel::connect`] returns only then). A worker closes
+//! none before TLS is up (when on) and the worker's proof verified ([`WorkChannel::connect`]
+//! returns only then). A worker closes
 //! a connection whose handshake fails, counts it ([`IntakeStats::handshakes_refused`]) and
 //! frees its slot; a frontend treats such a worker as unreachable (not routed to, tried again
 //! after a growing pause, see [`crate::frontend::pool`]).
 //!
-//! What it does not do: requests cross in plaintext, and the handshake authenticates the
-//! connection's start, not the frames after it (someone on the path can relay a genuine
-//! handshake, then read or write frames). There is no TLS on this plane: run it on a trusted
-//! network (`docs/security.md`).
+//! What the handshake does not do: without TLS, requests cross in plaintext, and it
+//! authenticates the connection's start, not the frames after it (someone on the path can
+//! relay a genuine handshake, then read or write frames). Without TLS, run this plane on a
+//! trusted network (`docs/security.md`).
 //!
 //! # Bounds
 //!
@@ -70,6 +104,7 @@
 
 pub mod auth;
 pub mod intake;
+mod tls;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -78,6 +113,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use response_plane::ConnectionInfo;
 use serde::{Deserialize, Serialize};
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
@@ -85,6 +121,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::openai::Ending;
+use tls::Link;
 
 pub use auth::{HandshakeError, RequestAuth, SecretError};
 pub use intake::{
@@ -184,9 +221,9 @@ pub struct WorkChannel {
 }
 
 impl WorkChannel {
-    /// Connects to the worker at `addr` and runs the handshake under `auth` (see the module
-    /// docs); its tasks run on `tracker`. Returns once the worker proved itself (or neither
-    /// side has a secret): nothing is sent before.
+    /// Connects to the worker at `addr` and runs the handshake under `auth`: TLS when `auth`
+    /// has it, then the secret's (see the module docs); its tasks run on `tracker`. Returns
+    /// once the worker proved itself (or neither side has a secret): nothing is sent before.
     ///
     /// # Errors
     ///
@@ -197,13 +234,13 @@ impl WorkChannel {
         auth: &RequestAuth,
         tracker: &TaskTracker,
     ) -> Result<Self, ConnectError> {
-        let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
             .map_err(|_| ConnectError::Timeout)?
             .map_err(ConnectError::Io)?;
         stream.set_nodelay(true).map_err(ConnectError::Io)?;
-        auth::frontend_handshake(&mut stream, auth).await?;
-        let (read, write) = stream.into_split();
+        let link = tls::frontend_open(stream, auth).await?;
+        let (read, write) = tokio::io::split(link);
         let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
         let lost = CancellationToken::new();
         tracker.spawn(write_requests(
@@ -242,7 +279,7 @@ impl WorkChannel {
 }
 
 async fn write_requests(
-    mut out: FramedWrite<tokio::net::tcp::OwnedWriteHalf, LengthDelimitedCodec>,
+    mut out: FramedWrite<WriteHalf<Link>, LengthDelimitedCodec>,
     mut rx: mpsc::Receiver<Bytes>,
     lost: CancellationToken,
 ) {
@@ -276,7 +313,7 @@ async fn write_requests(
 }
 
 async fn watch_end(
-    mut input: FramedRead<tokio::net::tcp::OwnedReadHalf, LengthDelimitedCodec>,
+    mut input: FramedRead<ReadHalf<Link>, LengthDelimitedCodec>,
     lost: CancellationToken,
 ) {
     // The worker sends nothing: any frame, the end or an error means it is gone or broken.

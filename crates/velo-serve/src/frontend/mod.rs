@@ -186,8 +186,11 @@ impl Frontend {
                 max_body: config.max_body_bytes,
             });
         }
-        // The response plane's secret guards the request plane too.
-        let auth = crate::work::RequestAuth::from_config(config.service.response_plane())?;
+        // The response plane's secret and TLS guard the request plane too.
+        let auth = crate::work::RequestAuth::from_config(
+            config.service.response_plane(),
+            crate::work::auth::Side::Frontend,
+        )?;
         let (service, plane_thread) = if config.plane_thread {
             let t = PlaneThread::start(config.service.clone())?;
             (t.service.clone(), Some(t))

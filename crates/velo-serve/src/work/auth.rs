@@ -4,20 +4,25 @@
 //! ([`crate::work`], "Handshake").
 //!
 //! Both sides hold a [`RequestAuth`]: the cluster secret of the response plane's
-//! configuration (`DYN_VELO_CLUSTER_SECRET_PATH`), or none. [`frontend_handshake`] and
-//! [`worker_handshake`] run one side each, bounded by [`HANDSHAKE_TIMEOUT`] and reading a fixed
-//! number of bytes; either fails with a [`HandshakeError`] naming what is wrong, after which
-//! the connection is closed.
+//! configuration (`DYN_VELO_CLUSTER_SECRET_PATH`), or none, and its TLS (`DYN_TCP_TLS_*`), or
+//! none. [`frontend_handshake`] and [`worker_handshake`] run one side of the secret's
+//! handshake each on any stream (the request plane runs it inside TLS when TLS is on, see the
+//! parent module's "TLS"), bounded by [`HANDSHAKE_TIMEOUT`] and reading a fixed number of
+//! bytes; either fails with a [`HandshakeError`] naming what is wrong, after which the
+//! connection is closed.
 
 use std::time::Duration;
 
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use velo_session::ClusterSecret;
+use velo_tls::TLS_HANDSHAKE_RECORD;
 
 mod error;
+mod settings;
 
 pub use error::{HandshakeError, SecretError};
+pub use settings::RequestAuth;
 
 /// How long a handshake may take in all, on either side: far above a few round trips on any
 /// network, short enough that a peer that says nothing holds a worker's connection slot
@@ -75,72 +80,6 @@ impl std::fmt::Display for Side {
     }
 }
 
-/// What this side proves and demands on the request plane: the cluster secret, or nothing
-/// (every peer without a secret is served, and one with a secret refused). Cheap to clone;
-/// never prints the secret.
-#[derive(Clone, Default)]
-pub struct RequestAuth {
-    secret: Option<ClusterSecret>,
-}
-
-impl RequestAuth {
-    /// No secret: the request plane authenticates nobody.
-    pub fn open() -> Self {
-        Self::default()
-    }
-
-    /// The secret `bytes` (as in the secret's file, surrounding ASCII whitespace ignored).
-    ///
-    /// # Errors
-    ///
-    /// [`SecretError::Length`] when they are shorter or longer than a secret may be.
-    pub fn with_secret(bytes: &[u8]) -> Result<Self, SecretError> {
-        let bytes = bytes.trim_ascii();
-        let secret = ClusterSecret::new(bytes).map_err(|_| SecretError::Length {
-            path: None,
-            len: bytes.len(),
-        })?;
-        Ok(Self {
-            secret: Some(secret),
-        })
-    }
-
-    /// The response plane's secret: read from the file `config` names
-    /// (`DYN_VELO_CLUSTER_SECRET_PATH`) as the plane reads it, or none when it names none.
-    ///
-    /// # Errors
-    ///
-    /// [`SecretError`] when the file cannot be read or holds no usable secret.
-    pub fn from_config(config: &response_plane::ResponsePlaneConfig) -> Result<Self, SecretError> {
-        let Some(path) = config.secret_path() else {
-            return Ok(Self::open());
-        };
-        let bytes = std::fs::read(path).map_err(|source| SecretError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::with_secret(&bytes).map_err(|e| match e {
-            SecretError::Length { len, .. } => SecretError::Length {
-                path: Some(path.to_owned()),
-                len,
-            },
-            read @ SecretError::Read { .. } => read,
-        })
-    }
-
-    /// Whether this side has a secret (and so demands one).
-    pub fn has_secret(&self) -> bool {
-        self.secret.is_some()
-    }
-}
-
-impl std::fmt::Debug for RequestAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secret = if self.has_secret() { "set" } else { "none" };
-        write!(f, "RequestAuth {{ secret: {secret} }}")
-    }
-}
-
 /// The frontend's side of the handshake on a fresh connection: on `Ok`, the worker proved
 /// the secret (or neither side has one) and requests may follow. Reads exactly what the
 /// handshake needs, nothing of what follows.
@@ -171,17 +110,18 @@ where
     bounded(Side::Frontend, HANDSHAKE_TIMEOUT, worker(stream, auth)).await
 }
 
-async fn bounded(
+/// `handshake`, failing with [`HandshakeError::Timeout`] naming `peer` after `bound`.
+pub(super) async fn bounded<T>(
     peer: Side,
     bound: Duration,
-    handshake: impl Future<Output = Result<(), HandshakeError>>,
-) -> Result<(), HandshakeError> {
+    handshake: impl Future<Output = Result<T, HandshakeError>>,
+) -> Result<T, HandshakeError> {
     tokio::time::timeout(bound, handshake)
         .await
         .map_err(|_| HandshakeError::Timeout { peer, bound })?
 }
 
-async fn frontend<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
+pub(super) async fn frontend<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -210,7 +150,7 @@ where
     Ok(())
 }
 
-async fn worker<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
+pub(super) async fn worker<S>(stream: &mut S, auth: &RequestAuth) -> Result<(), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -239,14 +179,25 @@ where
 
 /// This side's greeting: [`MAGIC`], role, mode, a fresh nonce.
 fn greeting(side: Side, auth: &RequestAuth) -> [u8; GREETING_LEN] {
-    let mut g = [0; GREETING_LEN];
-    g[..MAGIC.len()].copy_from_slice(&MAGIC);
-    g[MAGIC.len()] = side.byte();
-    g[MAGIC.len() + 1] = if auth.has_secret() {
+    let mode = if auth.has_secret() {
         MODE_SECRET
     } else {
         MODE_OPEN
     };
+    greeting_with(side, mode)
+}
+
+/// A frontend's greeting to a plaintext worker when TLS is required: it says so, in clear,
+/// and the frontend closes (see [`super::tls`]).
+pub(super) fn tls_required_greeting() -> [u8; GREETING_LEN] {
+    greeting_with(Side::Frontend, MODE_TLS_REQUIRED)
+}
+
+fn greeting_with(side: Side, mode: u8) -> [u8; GREETING_LEN] {
+    let mut g = [0; GREETING_LEN];
+    g[..MAGIC.len()].copy_from_slice(&MAGIC);
+    g[MAGIC.len()] = side.byte();
+    g[MAGIC.len() + 1] = mode;
     // The generator the velo lanes' nonces come from. Without it nothing can be
     // authenticated, so its failure is fatal there too.
     SystemRandom::new()
@@ -262,6 +213,13 @@ where
 {
     // The first byte alone: a peer writing frames at once is told at its first byte.
     let [first] = receive::<_, 1>(stream, peer, "greeting").await?;
+    if first == TLS_HANDSHAKE_RECORD && peer == Side::Worker {
+        // A worker speaking TLS to a plaintext frontend: its ClientHello is read to its end
+        // (best effort, within the handshake's bound) so closing resets nothing the worker
+        // has yet to read, and it sees the plaintext greeting for what it is.
+        super::tls::drain_record(stream).await;
+        return Err(HandshakeError::NoLocalTls { peer });
+    }
     if first != MAGIC[0] {
         return Err(HandshakeError::NotAGreeting { peer });
     }
@@ -298,6 +256,7 @@ fn agree<'a>(
         (MODE_SECRET, Some(secret)) => Ok(Some(secret)),
         (MODE_OPEN, Some(_)) => Err(HandshakeError::PeerHasNoSecret { peer }),
         (MODE_SECRET, None) => Err(HandshakeError::NoLocalSecret { peer }),
+        (MODE_TLS_REQUIRED, _) => Err(HandshakeError::NoLocalTls { peer }),
         (value, _) => Err(HandshakeError::Malformed {
             peer,
             what: "mode",
@@ -342,6 +301,9 @@ const ROLE_WORKER: u8 = 2;
 const MODE_OPEN: u8 = 0;
 /// A greeting's mode byte: the sender has a cluster secret and proves it.
 const MODE_SECRET: u8 = 1;
+/// A greeting's mode byte: the sender (a frontend) requires TLS and this greeting came in
+/// plaintext; the sender closes next.
+const MODE_TLS_REQUIRED: u8 = 2;
 /// The worker's verdict on the frontend's proof: refused (the worker closes next).
 const VERDICT_REFUSED: u8 = 0;
 /// The worker's verdict on the frontend's proof: accepted, the worker's own proof follows.

@@ -1,5 +1,5 @@
 //! The worker's side of the request plane: accepts frontend connections, admits those whose
-//! handshake succeeds ([`super::auth`]) and hands every request frame they send to the
+//! handshake succeeds (TLS when on, then [`super::auth`]) and hands every request frame they send to the
 //! worker, within [`WorkLimits`] (see the parent module's bounds).
 
 use std::net::SocketAddr;
@@ -15,7 +15,8 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::auth::{self, RequestAuth};
+use super::auth::RequestAuth;
+use super::tls::Link;
 
 /// Requests a worker holds at once by default (read and not yet finished). It is the
 /// frontend's default `max_in_flight`, so one frontend at its own limit is not held back, and
@@ -96,7 +97,8 @@ pub struct IntakeStats {
 }
 
 /// The worker's side: accepts frontend connections on `listener`, runs the handshake under
-/// `auth` on each (one that fails is closed unread and counted in `stats`), and hands every
+/// `auth` on each (TLS as the client when `auth` has it, then the secret's; one that fails is
+/// closed unread and counted in `stats`), and hands every
 /// request frame of the admitted ones to `deliver`, until `stop`, within `limits`.
 /// Connections run on `tracker`. Without a secret in `auth`, warns once that anyone who
 /// reaches the port is served.
@@ -174,27 +176,30 @@ struct Connection {
 
 impl Connection {
     /// The handshake, then the requests; until either fails, the connection ends, or `stop`.
-    async fn serve(self, mut stream: TcpStream, deliver: impl Fn(Bytes)) {
+    async fn serve(self, stream: TcpStream, deliver: impl Fn(Bytes)) {
         // Cancel safety: a handshake cut short by `stop` only closes its connection.
         let admitted = tokio::select! {
-            r = auth::worker_handshake(&mut stream, &self.auth) => r,
+            r = super::tls::worker_open(stream, self.peer.ip(), &self.auth) => r,
             () = self.stop.cancelled() => return,
         };
-        if let Err(e) = admitted {
-            self.stats
-                .handshakes_refused
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(peer = %self.peer, error = %e, "request-plane handshake failed: closing the connection");
-            return;
-        }
-        read_requests(stream, self.requests, self.stop, deliver).await;
+        let link = match admitted {
+            Ok(link) => link,
+            Err(e) => {
+                self.stats
+                    .handshakes_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer = %self.peer, error = %e, "request-plane handshake failed: closing the connection");
+                return;
+            }
+        };
+        read_requests(link, self.requests, self.stop, deliver).await;
     }
 }
 
 /// One connection: reads a frame, waits for its place, delivers it; until the connection
 /// ends, sends a bad frame, or `stop`.
 async fn read_requests(
-    stream: TcpStream,
+    stream: Link,
     requests: Arc<Semaphore>,
     stop: CancellationToken,
     deliver: impl Fn(Bytes),

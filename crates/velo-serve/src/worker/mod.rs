@@ -103,8 +103,11 @@ impl Worker {
     /// [`WorkerError`] naming what could not start.
     pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
         config.work_limits.validate()?;
-        // The response plane's secret guards the request plane too.
-        let auth = RequestAuth::from_config(config.service.response_plane())?;
+        // The response plane's secret and TLS guard the request plane too.
+        let auth = RequestAuth::from_config(
+            config.service.response_plane(),
+            crate::work::auth::Side::Worker,
+        )?;
         let tracker = TaskTracker::new();
         let instance_id = new_instance_id();
         let service = ResponseService::start(announcing(&config.service, instance_id)?).await?;

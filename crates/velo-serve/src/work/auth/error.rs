@@ -8,7 +8,11 @@ use velo_session::{MAX_SECRET_LEN, MIN_SECRET_LEN};
 
 use super::Side;
 
-/// Why the request plane's secret could not be had (a local configuration error).
+/// Which variables turn the request plane's TLS on, for the mismatch errors.
+const TLS_VARS: &str = "a frontend serves TLS when DYN_TCP_TLS_CERT_PATH is set, a worker \
+                        speaks it when DYN_TCP_TLS_CA_CERT_PATH or DYN_TCP_TLS_INSECURE is set";
+
+/// Why the request plane's secret (or TLS) could not be had (a local configuration error).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SecretError {
@@ -32,6 +36,10 @@ pub enum SecretError {
         /// The secret's length in bytes.
         len: usize,
     },
+    /// A TLS file of the response plane's configuration (`DYN_TCP_TLS_*`) cannot be loaded
+    /// for the request plane (it changed since the configuration was checked).
+    #[error("cannot load the request plane's TLS (DYN_TCP_TLS_*): {0}")]
+    Tls(#[from] velo_tls::TlsError),
 }
 
 /// Why a request-plane handshake failed. Each variant says whose fault it is: the peer's
@@ -106,6 +114,34 @@ pub enum HandshakeError {
          (DYN_VELO_CLUSTER_SECRET_PATH)"
     )]
     Refused,
+    /// This side speaks TLS on the request plane and the peer does not (configuration).
+    #[error(
+        "the {peer} has no TLS on the request plane, but this {local} requires it ({TLS_VARS})",
+        local = peer.other()
+    )]
+    PeerLacksTls {
+        /// The peer's side.
+        peer: Side,
+    },
+    /// The peer speaks TLS on the request plane and this side does not (configuration).
+    #[error(
+        "the {peer} requires TLS on the request plane, but this {local} has none ({TLS_VARS})",
+        local = peer.other()
+    )]
+    NoLocalTls {
+        /// The peer's side.
+        peer: Side,
+    },
+    /// The TLS handshake failed: the peer's certificate is not trusted here, or this side's
+    /// is not trusted there, or a required client certificate is missing.
+    #[error("the TLS handshake with the {peer} failed: {source}")]
+    Tls {
+        /// The peer's side.
+        peer: Side,
+        /// What TLS said.
+        #[source]
+        source: std::io::Error,
+    },
     /// The peer closed the connection before the handshake was done.
     #[error("the {peer} closed the connection while this side waited for its {awaiting}")]
     Closed {

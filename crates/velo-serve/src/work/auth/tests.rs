@@ -233,9 +233,12 @@ fn a_secret_of_the_wrong_length_is_refused_and_never_printed() {
         "the cluster secret is 5 bytes: it must be 16..=4096"
     );
     let auth = secret(SECRET);
-    assert_eq!(format!("{auth:?}"), "RequestAuth { secret: set }");
+    assert_eq!(
+        format!("{auth:?}"),
+        "RequestAuth { secret: set, tls: none }"
+    );
     assert_eq!(
         format!("{:?}", RequestAuth::open()),
-        "RequestAuth { secret: none }"
+        "RequestAuth { secret: none, tls: none }"
     );
 }
