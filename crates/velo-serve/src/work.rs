@@ -21,8 +21,12 @@
 //! response-plane identity (`DYN_TCP_TLS_CERT_PATH`/`KEY`; it requires workers' client
 //! certificates when `DYN_TCP_TLS_CLIENT_CA_CERT_PATH` is set); the worker, which accepts, is
 //! the TLS client with its response-plane trust (`DYN_TCP_TLS_CA_CERT_PATH` or
-//! `DYN_TCP_TLS_INSECURE`), naming the frontend by `DYN_TCP_TLS_SERVER_NAME`, else its IP
-//! address, and presenting `DYN_TCP_TLS_CLIENT_CERT_PATH`/`KEY` when set. TLS is on for a
+//! `DYN_TCP_TLS_INSECURE`), naming the frontend by `DYN_TCP_TLS_SERVER_NAME`, else the
+//! connection's source IP address, and presenting `DYN_TCP_TLS_CLIENT_CERT_PATH`/`KEY` when
+//! set. Unlike the response plane's worker, which names the address it dialed, the source IP
+//! is whatever the frontend's route and any NAT make it: for a multi-homed or NATed frontend
+//! it need not be in the frontend's certificate, so set `DYN_TCP_TLS_SERVER_NAME` (a name the
+//! certificate holds) there. TLS is on for a
 //! frontend with a server identity, for a worker with trust. The secret's handshake then runs
 //! inside the session unchanged: it still authenticates both sides without mutual TLS, and
 //! no proof crosses in clear.
@@ -43,32 +47,48 @@
 //! [`RequestAuth::from_config`]). Both sides write a greeting at once, then read the peer's:
 //!
 //! ```text
-//! greeting (GREETING_LEN = 42 bytes, each side)
-//!   0..8    MAGIC "velo-rq1"        the protocol and its version
+//! greeting (GREETING_LEN = 50 bytes, each side)
+//!   0..8    MAGIC "velo-rq2"        the protocol and its version
 //!   8       role                    1 frontend, 2 worker
 //!   9       mode                    0 no secret (nothing follows), 1 the sender proves the secret,
-//!                                   2 (frontend, in plaintext) TLS is required; it closes next
-//!   10..42  nonce                   32 fresh random bytes (ring's SystemRandom)
+//!                                   2 (frontend only, in plaintext) TLS is required; it closes next
+//!   10..18  instance                u64 big-endian, the worker's discovery instance id: the
+//!                                   frontend's is the worker it means, the worker's its own;
+//!                                   0 names none
+//!   18..50  nonce                   32 fresh random bytes (ring's SystemRandom)
 //! then, when both modes are 1:
 //!   frontend -> worker   proof_F (32 bytes)
 //!   worker -> frontend   0x01 then proof_W (32 bytes)   or   0x00 (refused) and close
-//! proof_X = HMAC-SHA256(secret, "velo-serve request plane v1" || role_X
+//! proof_X = HMAC-SHA256(secret, "velo-serve request plane v2" || role_X
 //!                               || frontend greeting || worker greeting)
 //! ```
 //!
 //! Each proof covers both sides' fresh nonces, so it is good for one connection only (no
 //! replay), and its prover's role, so a frontend's proof is never a worker's (no reflection);
-//! the label keeps it apart from the velo lanes' HELLO proofs. Proofs are checked in constant
+//! the label keeps it apart from the velo lanes' HELLO proofs. Each also covers the instance
+//! both greetings name: a frontend names the worker it found in discovery
+//! ([`RequestAuth::with_instance`]), a worker its own id, and when both name one a mismatch is
+//! refused by both sides ([`HandshakeError::WrongInstance`]), secret or not, before any proof.
+//! So a stale or forged discovery entry whose address reaches another live worker (someone
+//! who took a dead worker's port and relays to another worker) gets nothing run there: the
+//! relay cannot change the instance the frontend named without breaking its proof. A side
+//! naming none (a worker or frontend built without discovery, as in tests) checks nothing;
+//! every frontend that follows discovery names one. Proofs are checked in constant
 //! time. The worker proves itself only once the frontend has: a peer without the secret gets
 //! no MAC out of a worker. Both modes 0 is an unauthenticated connection (a worker without a
 //! secret warns at start that its request plane accepts anyone, a frontend that it sends
 //! requests to anyone). A mode that differs from this side's (a secret on one side only) is an
-//! error on both sides, each naming the side that lacks the secret; a greeting in the wrong
+//! error on both sides, each naming the side that lacks the secret. Mode 2 is unauthenticated
+//! and in clear, so a worker takes it only from a frontend's greeting and reports it as the
+//! peer's claim ([`HandshakeError::ClaimsTlsRequired`]). A greeting in the wrong
 //! role (a side's own greeting sent back to it) is refused; a frame written without a greeting
 //! is told apart at its first byte (a length prefix starts with zero, [`auth::MAGIC`] with
-//! `v`). [`auth::HANDSHAKE_TIMEOUT`]
-//! bounds the whole exchange on both sides, and each side reads a fixed number of bytes: no
-//! peer can make it hang or allocate.
+//! `v`). [`auth::HANDSHAKE_TIMEOUT`] bounds the whole exchange on both sides, and no peer can
+//! make either side allocate by what it sends: without TLS each side reads a fixed number of
+//! bytes (a greeting and a proof, plus a verdict for the frontend), except that a plaintext
+//! frontend finding a TLS record drains it (at most about 18 KiB) before it closes; with TLS,
+//! rustls bounds each handshake message it reads, and the secret's handshake inside reads the
+//! same fixed amounts.
 //!
 //! The worker reads no request frame before the frontend's proof verified; the frontend sends
 //! none before TLS is up (when on) and the worker's proof verified ([`WorkChannel::connect`]
@@ -78,9 +98,12 @@
 //! after a growing pause, see [`crate::frontend::pool`]).
 //!
 //! What the handshake does not do: without TLS, requests cross in plaintext, and it
-//! authenticates the connection's start, not the frames after it (someone on the path can
-//! relay a genuine handshake, then read or write frames). Without TLS, run this plane on a
-//! trusted network (`docs/security.md`).
+//! authenticates the connection's start, not the frames after it (someone on the path to the
+//! worker the frontend meant can relay a genuine handshake, then read or write frames). Without
+//! TLS, run this plane on a trusted network (`docs/security.md`). With
+//! `DYN_TCP_TLS_INSECURE` the worker trusts any certificate, so TLS authenticates no one (a
+//! man in the middle can terminate both sessions); only the secret then authenticates, as
+//! without TLS.
 //!
 //! # Bounds
 //!
@@ -93,13 +116,18 @@
 //!   requests read and not yet finished. At the limit a connection stops reading, so TCP flow
 //!   control pushes back on its sender; each request gives its place back when its engine is
 //!   done with it (its stream ended or failed) or it is refused.
+//! - [`MAX_HANDSHAKES`]: connections in their handshake (each for at most
+//!   [`auth::HANDSHAKE_TIMEOUT`]), or past it and waiting for a connection slot; more wait in
+//!   the kernel's accept queue. Strangers who connect and say nothing hold these places only.
 //! - [`WorkLimits::max_connections`] (`--max-request-connections`, default
-//!   [`DEFAULT_MAX_CONNECTIONS`]): connections served at once, those still in their handshake
-//!   included (each for at most [`auth::HANDSHAKE_TIMEOUT`]); more wait in the kernel's accept
-//!   queue until one ends.
+//!   [`DEFAULT_MAX_CONNECTIONS`]): connections served at once past their handshake. One whose
+//!   handshake succeeds takes a slot when one is free, reading nothing until then.
+//! - [`REFUSAL_WARN_INTERVAL`]: a refused handshake is logged at debug; a warning, with the
+//!   count since the last one, goes out at most once per interval.
 //!
 //! So a worker holds at most `max_requests` requests (each at most [`MAX_FRAME_BYTES`]) and
-//! `max_connections` connections, each with at most one frame read and waiting for a place.
+//! `max_connections` + [`MAX_HANDSHAKES`] connections, each with at most one frame read and
+//! waiting for a place.
 //! The frontend's side is bounded by [`QUEUE_REQUESTS`] per worker.
 
 pub mod auth;
@@ -125,7 +153,8 @@ use tls::Link;
 
 pub use auth::{HandshakeError, RequestAuth, SecretError};
 pub use intake::{
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, IntakeStats, WorkLimitError, WorkLimits, serve,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, IntakeStats, MAX_HANDSHAKES,
+    REFUSAL_WARN_INTERVAL, WorkLimitError, WorkLimits, serve,
 };
 
 /// Largest request frame, in bytes, on both sides: a request is about 400 (its stream

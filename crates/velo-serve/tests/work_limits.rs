@@ -1,7 +1,8 @@
 //! A worker's request plane under a peer that writes requests as fast as it can (a stranger
 //! that reached the port, a buggy frontend): the worker holds at most `max_requests`
-//! requests and serves at most `max_connections` connections; the rest wait in the sockets
-//! (TCP pushes back on the sender) and go on as places free up.
+//! requests and serves at most `max_connections` connections past their handshake (at most
+//! `MAX_HANDSHAKES` more in it); the rest wait in the sockets (TCP pushes back on the sender)
+//! and go on as places free up.
 
 mod harness;
 
@@ -18,23 +19,17 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use velo_serve::wire::StreamItem;
-use velo_serve::work::auth::{GREETING_LEN, MAGIC};
-use velo_serve::work::{RequestAuth, WireEnding, WorkLimits, WorkRequest};
+use velo_serve::work::auth::{GREETING_LEN, HANDSHAKE_TIMEOUT, MAGIC};
+use velo_serve::work::{
+    MAX_HANDSHAKES, RequestAuth, WireEnding, WorkChannel, WorkLimits, WorkRequest,
+};
 use velo_serve::worker::{Worker, WorkerStats};
 
 use harness::BOUND;
+use harness::intake::frame;
 
 /// How often the tests look at a counter while waiting for a condition.
 const POLL: Duration = Duration::from_millis(5);
-
-/// `request` as a length-delimited frame (a 4-byte big-endian length, then the JSON).
-fn frame(request: &WorkRequest) -> Bytes {
-    let body = request.encode();
-    let mut out = BytesMut::with_capacity(body.len() + 4);
-    out.put_u32(u32::try_from(body.len()).expect("a small request"));
-    out.put_slice(&body);
-    out.freeze()
-}
 
 /// A frontend's greeting without a secret (see `velo_serve::work`'s docs): the request
 /// plane's handshake with a worker that has none either, written ahead of the requests (the
@@ -44,6 +39,7 @@ fn open_greeting() -> [u8; GREETING_LEN] {
     g[..MAGIC.len()].copy_from_slice(&MAGIC);
     g[MAGIC.len()] = 1; // a frontend
     g[MAGIC.len() + 1] = 0; // no secret: no proof follows
+    // Then 8 zero bytes (naming no worker instance) and a nonce (zeros will do).
     g
 }
 
@@ -158,9 +154,12 @@ async fn a_peer_flooding_a_worker_with_requests_gets_at_most_max_requests_held()
     let _ = frontend.shutdown().await;
 }
 
-/// One `serve` with `max_connections` 2 whose delivered frames go to a channel (dropping
-/// one gives its request's place back).
-fn serve_two_connections(stop: &CancellationToken) -> (std::net::SocketAddr, mpsc::Receiver<u64>) {
+/// One `serve` with `max_connections` whose delivered frames go to a channel (dropping one
+/// gives its request's place back).
+fn serve_connections(
+    max_connections: usize,
+    stop: &CancellationToken,
+) -> (std::net::SocketAddr, mpsc::Receiver<u64>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -168,7 +167,7 @@ fn serve_two_connections(stop: &CancellationToken) -> (std::net::SocketAddr, mps
     let (tx, rx) = mpsc::channel(16);
     let limits = WorkLimits {
         max_requests: 16,
-        max_connections: 2,
+        max_connections,
     };
     let deliver = move |raw: Bytes| {
         let id = WorkRequest::decode(&raw).map_or(u64::MAX, |r| r.id);
@@ -209,33 +208,70 @@ async fn next_delivered(rx: &mut mpsc::Receiver<u64>) -> u64 {
         .expect("the server runs")
 }
 
-/// Three connections to a worker serving two: the third is served only once one of the
-/// first two ends (it waits in the kernel's accept queue meanwhile), although its request
-/// was written first.
+/// Three connections to a worker serving two: the third, past its handshake, waits for a
+/// slot (reading nothing) and is served once one of the first two ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_serves_at_most_max_connections_and_the_next_once_one_ends() {
     let stop = CancellationToken::new();
-    let (addr, mut delivered) = serve_two_connections(&stop);
-    // Connected in order (the accept queue is first in, first out), the third one's request
-    // written before the others'.
+    let (addr, mut delivered) = serve_connections(2, &stop);
     let mut first = TcpStream::connect(addr).await.unwrap();
     let mut second = TcpStream::connect(addr).await.unwrap();
-    let mut third = TcpStream::connect(addr).await.unwrap();
-    for conn in [&mut first, &mut second, &mut third] {
+    for (id, conn) in [(1, &mut first), (2, &mut second)] {
         conn.write_all(&open_greeting()).await.unwrap();
+        send(conn, id).await;
     }
-    send(&mut third, 3).await;
-    send(&mut first, 1).await;
-    send(&mut second, 2).await;
     let mut seen = vec![
         next_delivered(&mut delivered).await,
         next_delivered(&mut delivered).await,
     ];
     seen.sort_unstable();
-    assert_eq!(seen, [1, 2], "the first two connections are served first");
+    assert_eq!(seen, [1, 2], "the first two connections are served");
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    third.write_all(&open_greeting()).await.unwrap();
+    send(&mut third, 3).await;
+    let early = tokio::time::timeout(Duration::from_millis(200), delivered.recv()).await;
+    assert!(early.is_err(), "a third connection was served: {early:?}");
     drop(first);
     assert_eq!(next_delivered(&mut delivered).await, 3);
     drop((second, third));
+    stop.cancel();
+}
+
+/// Strangers who connect and say nothing hold handshake places, not connection slots: with
+/// one slot, a frontend is served at once, not once their handshakes time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_strangers_do_not_hold_the_connection_slots() {
+    let stop = CancellationToken::new();
+    let (addr, mut delivered) = serve_connections(1, &stop);
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let start = Instant::now();
+    let tracker = TaskTracker::new();
+    let channel = WorkChannel::connect(addr, &RequestAuth::open(), &tracker)
+        .await
+        .expect("the frontend passes the handshake");
+    let request = WorkRequest {
+        id: 9,
+        prompt_tokens: 1,
+        output_tokens: 1,
+        ending: WireEnding::Eos,
+        info: response_plane::ConnectionInfo {
+            transport: "tcp".into(),
+            info: String::new(),
+        },
+    };
+    channel.send(&request).await.unwrap();
+    assert_eq!(next_delivered(&mut delivered).await, 9);
+    let took = start.elapsed();
+    assert!(
+        took < HANDSHAKE_TIMEOUT,
+        "served after {took:?}: the silent strangers held the slot"
+    );
+    assert!(MAX_HANDSHAKES > silent.len() + 1);
+    channel.close();
+    drop(silent);
     stop.cancel();
 }
 

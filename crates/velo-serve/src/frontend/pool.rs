@@ -277,9 +277,12 @@ async fn connect(instance: crate::discovery::Instance, addition: u64, ctx: Conte
         tracing::warn!(instance = format!("{id:x}"), transport = ?instance.transport, "unusable worker address");
         return;
     };
+    // The worker checks it is the instance meant: a stale or forged entry reaching another
+    // worker is refused (see `crate::work`, "Handshake").
+    let auth = auth.clone().with_instance(id);
     // Cancel safety: a connection cut short by `stop` is dropped, closed.
     let connected = tokio::select! {
-        c = WorkChannel::connect(addr, auth, tracker) => c,
+        c = WorkChannel::connect(addr, &auth, tracker) => c,
         () = stop.cancelled() => return,
     };
     let channel = match connected {

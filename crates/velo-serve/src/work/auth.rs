@@ -8,7 +8,7 @@
 //! none. [`frontend_handshake`] and [`worker_handshake`] run one side of the secret's
 //! handshake each on any stream (the request plane runs it inside TLS when TLS is on, see the
 //! parent module's "TLS"), bounded by [`HANDSHAKE_TIMEOUT`] and reading a fixed number of
-//! bytes; either fails with a [`HandshakeError`] naming what is wrong, after which the
+//! bytes (but for a TLS record a plaintext frontend drains, at most about 18 KiB); either fails with a [`HandshakeError`] naming what is wrong, after which the
 //! connection is closed.
 
 use std::time::Duration;
@@ -31,10 +31,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The first bytes of every greeting: the protocol and its version. A request frame's length
 /// prefix starts with a zero byte (frames are at most 64 KiB), so a peer that writes frames
 /// at once, without greeting, is told apart at its first byte.
-pub const MAGIC: [u8; 8] = *b"velo-rq1";
-/// A greeting's length in bytes: [`MAGIC`], the sender's role, whether a proof follows, and
-/// a nonce.
-pub const GREETING_LEN: usize = MAGIC.len() + 2 + NONCE_LEN;
+pub const MAGIC: [u8; 8] = *b"velo-rq2";
+/// A greeting's length in bytes: [`MAGIC`], the sender's role, whether a proof follows, the
+/// worker instance it is about, and a nonce.
+pub const GREETING_LEN: usize = INSTANCE_AT + 8 + NONCE_LEN;
 /// A proof's length in bytes: an HMAC-SHA256 tag.
 pub const PROOF_LEN: usize = 32;
 
@@ -129,6 +129,7 @@ where
     let ours = greeting(Side::Frontend, auth);
     send(stream, peer, &ours).await?;
     let theirs = read_greeting(stream, peer).await?;
+    same_instance(auth, &theirs, peer)?;
     let Some(secret) = agree(auth, &theirs, peer)? else {
         return Ok(());
     };
@@ -158,6 +159,7 @@ where
     let ours = greeting(Side::Worker, auth);
     send(stream, peer, &ours).await?;
     let theirs = read_greeting(stream, peer).await?;
+    same_instance(auth, &theirs, peer)?;
     let Some(secret) = agree(auth, &theirs, peer)? else {
         return Ok(());
     };
@@ -177,14 +179,17 @@ where
     send(stream, peer, &answer).await
 }
 
-/// This side's greeting: [`MAGIC`], role, mode, a fresh nonce.
+/// This side's greeting: [`MAGIC`], role, mode, the worker instance `auth` names (0 for
+/// none), a fresh nonce.
 fn greeting(side: Side, auth: &RequestAuth) -> [u8; GREETING_LEN] {
     let mode = if auth.has_secret() {
         MODE_SECRET
     } else {
         MODE_OPEN
     };
-    greeting_with(side, mode)
+    let mut g = greeting_with(side, mode);
+    g[INSTANCE_AT..INSTANCE_AT + 8].copy_from_slice(&auth.instance.unwrap_or(0).to_be_bytes());
+    g
 }
 
 /// A frontend's greeting to a plaintext worker when TLS is required: it says so, in clear,
@@ -201,7 +206,7 @@ fn greeting_with(side: Side, mode: u8) -> [u8; GREETING_LEN] {
     // The generator the velo lanes' nonces come from. Without it nothing can be
     // authenticated, so its failure is fatal there too.
     SystemRandom::new()
-        .fill(&mut g[MAGIC.len() + 2..])
+        .fill(&mut g[INSTANCE_AT + 8..])
         .expect("the OS random generator works");
     g
 }
@@ -244,6 +249,39 @@ where
     }
 }
 
+/// The worker instance a greeting names, `None` for none (0).
+fn instance_of(g: &[u8; GREETING_LEN]) -> Option<u64> {
+    let mut id = [0; 8];
+    id.copy_from_slice(&g[INSTANCE_AT..INSTANCE_AT + 8]);
+    Some(u64::from_be_bytes(id)).filter(|&id| id != 0)
+}
+
+/// Whether the worker instance this side names and the one the peer's greeting names agree:
+/// a frontend's is the instance it means to reach (from discovery), a worker's its own. Checked
+/// only when both name one; the greetings are in both proofs' transcripts, so a relay cannot
+/// change what the frontend named.
+fn same_instance(
+    auth: &RequestAuth,
+    theirs: &[u8; GREETING_LEN],
+    peer: Side,
+) -> Result<(), HandshakeError> {
+    let (Some(ours), Some(their)) = (auth.instance, instance_of(theirs)) else {
+        return Ok(());
+    };
+    if ours == their {
+        return Ok(());
+    }
+    let (meant, actual) = match peer {
+        Side::Worker => (ours, their),
+        Side::Frontend => (their, ours),
+    };
+    Err(HandshakeError::WrongInstance {
+        peer,
+        meant,
+        actual,
+    })
+}
+
 /// The secret both sides prove, `None` when neither has one; an error when one side only
 /// has one.
 fn agree<'a>(
@@ -256,7 +294,8 @@ fn agree<'a>(
         (MODE_SECRET, Some(secret)) => Ok(Some(secret)),
         (MODE_OPEN, Some(_)) => Err(HandshakeError::PeerHasNoSecret { peer }),
         (MODE_SECRET, None) => Err(HandshakeError::NoLocalSecret { peer }),
-        (MODE_TLS_REQUIRED, _) => Err(HandshakeError::NoLocalTls { peer }),
+        // Unauthenticated and in plaintext: only a frontend's claim, and only a claim.
+        (MODE_TLS_REQUIRED, _) if peer == Side::Frontend => Err(HandshakeError::ClaimsTlsRequired),
         (value, _) => Err(HandshakeError::Malformed {
             peer,
             what: "mode",
@@ -308,12 +347,14 @@ const MODE_TLS_REQUIRED: u8 = 2;
 const VERDICT_REFUSED: u8 = 0;
 /// The worker's verdict on the frontend's proof: accepted, the worker's own proof follows.
 const VERDICT_ACCEPTED: u8 = 1;
+/// Where a greeting's worker instance starts: 8 bytes, big-endian; 0 names none.
+const INSTANCE_AT: usize = MAGIC.len() + 2;
 /// A nonce's length in bytes (256 bits: never repeats).
 const NONCE_LEN: usize = 32;
 /// The label every proof's transcript starts with: this protocol and its version, so no
 /// proof here is a velo lane's HELLO proof (whose labels begin `velo v3`) or another
 /// protocol's.
-const LABEL: &[u8] = b"velo-serve request plane v1";
+const LABEL: &[u8] = b"velo-serve request plane v2";
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -17,6 +17,10 @@ use tokio_util::task::TaskTracker;
 
 use super::auth::RequestAuth;
 use super::tls::Link;
+pub use refusals::REFUSAL_WARN_INTERVAL;
+use refusals::RefusalLog;
+
+mod refusals;
 
 /// Requests a worker holds at once by default (read and not yet finished). It is the
 /// frontend's default `max_in_flight`, so one frontend at its own limit is not held back, and
@@ -26,6 +30,13 @@ pub const DEFAULT_MAX_REQUESTS: usize = 4096;
 /// worker, so this is room for a thousand frontends; a connection costs a task, a socket and
 /// a read buffer of at most one frame.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Connections a worker runs the handshake of at once (TLS and the secret's, each for at most
+/// [`HANDSHAKE_TIMEOUT`](super::auth::HANDSHAKE_TIMEOUT)); more wait in the kernel's accept
+/// queue. Apart from [`WorkLimits::max_connections`], which only connections past their
+/// handshake take: strangers who connect and say nothing hold these places, never a
+/// frontend's. A connection past its handshake keeps its place until it has a connection
+/// slot, so at most this many wait for one.
+pub const MAX_HANDSHAKES: usize = 64;
 /// How long the accept loop pauses after an accept error (out of file descriptors: retrying
 /// at once would spin).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
@@ -36,7 +47,9 @@ pub struct WorkLimits {
     /// Requests held at once: read off a connection and not yet finished (their response
     /// stream still open, or still being set up). At the limit, connections stop reading.
     pub max_requests: usize,
-    /// Connections served at once; more wait in the kernel's accept queue.
+    /// Connections served at once past their handshake (those in it count against
+    /// [`MAX_HANDSHAKES`] instead); one whose handshake succeeds waits for a slot, reading
+    /// nothing, while every slot is taken.
     pub max_connections: usize,
 }
 
@@ -91,15 +104,18 @@ impl WorkLimits {
 #[derive(Debug, Default)]
 pub struct IntakeStats {
     /// Connections closed because their handshake failed (a peer without the secret or with
-    /// another one, one that did not greet, or a secret on one side only); none of their
-    /// bytes past the handshake was read.
+    /// another one, one that did not greet, a secret or TLS on one side only, or a frontend
+    /// meaning another worker instance); none of their bytes past the handshake was read.
+    /// Each is logged at debug; a warning goes out at most once per
+    /// [`REFUSAL_WARN_INTERVAL`], with how many were refused since the last one.
     pub handshakes_refused: AtomicU64,
 }
 
 /// The worker's side: accepts frontend connections on `listener`, runs the handshake under
 /// `auth` on each (TLS as the client when `auth` has it, then the secret's; one that fails is
 /// closed unread and counted in `stats`), and hands every
-/// request frame of the admitted ones to `deliver`, until `stop`, within `limits`.
+/// request frame of the admitted ones to `deliver`, until `stop`, within `limits`: at most
+/// [`MAX_HANDSHAKES`] connections in their handshake, and `limits.max_connections` past it.
 /// Connections run on `tracker`. Without a secret in `auth`, warns once that anyone who
 /// reaches the port is served.
 ///
@@ -130,13 +146,15 @@ pub async fn serve(
     }
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let refusals = Arc::new(RefusalLog::default());
     loop {
         // Cancel safety: a permit or a connection not yet taken is simply not taken.
-        let slot = tokio::select! {
-            slot = connections.clone().acquire_owned() => slot,
+        let place = tokio::select! {
+            place = handshakes.clone().acquire_owned() => place,
             () = stop.cancelled() => return Ok(()),
         };
-        let Ok(slot) = slot else { return Ok(()) };
+        let Ok(place) = place else { return Ok(()) };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             () = stop.cancelled() => return Ok(()),
@@ -154,14 +172,12 @@ pub async fn serve(
             peer,
             auth: auth.clone(),
             stats: stats.clone(),
+            refusals: refusals.clone(),
+            connections: connections.clone(),
             requests: requests.clone(),
             stop: stop.clone(),
         };
-        let connection = connection.serve(stream, deliver.clone());
-        tracker.spawn(async move {
-            connection.await;
-            drop(slot);
-        });
+        tracker.spawn(connection.serve(stream, place, deliver.clone()));
     }
 }
 
@@ -170,13 +186,16 @@ struct Connection {
     peer: SocketAddr,
     auth: RequestAuth,
     stats: Arc<IntakeStats>,
+    refusals: Arc<RefusalLog>,
+    connections: Arc<Semaphore>,
     requests: Arc<Semaphore>,
     stop: CancellationToken,
 }
 
 impl Connection {
-    /// The handshake, then the requests; until either fails, the connection ends, or `stop`.
-    async fn serve(self, stream: TcpStream, deliver: impl Fn(Bytes)) {
+    /// The handshake, holding `place` among the [`MAX_HANDSHAKES`]; then a connection slot,
+    /// and the requests; until either fails, the connection ends, or `stop`.
+    async fn serve(self, stream: TcpStream, place: OwnedSemaphorePermit, deliver: impl Fn(Bytes)) {
         // Cancel safety: a handshake cut short by `stop` only closes its connection.
         let admitted = tokio::select! {
             r = super::tls::worker_open(stream, self.peer.ip(), &self.auth) => r,
@@ -185,13 +204,33 @@ impl Connection {
         let link = match admitted {
             Ok(link) => link,
             Err(e) => {
-                self.stats
+                let before = self
+                    .stats
                     .handshakes_refused
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(peer = %self.peer, error = %e, "request-plane handshake failed: closing the connection");
+                let total = before.saturating_add(1);
+                let peer = self.peer;
+                tracing::debug!(%peer, error = %e, "request-plane handshake failed: closing the connection");
+                // Anyone can fail a handshake as often as they like: one warning per interval.
+                if let Some(refused) = self.refusals.due(Instant::now(), total) {
+                    tracing::warn!(
+                        %peer, error = %e, refused,
+                        "request-plane handshakes failed, their connections closed: {refused} \
+                         since the last warning (at most one per {REFUSAL_WARN_INTERVAL:?}; each \
+                         is logged at debug); the latest is this one"
+                    );
+                }
                 return;
             }
         };
+        // Authenticated: the handshake's place is traded for a slot, once one is free.
+        // Cancel safety: a slot not yet taken is simply not taken.
+        let slot = tokio::select! {
+            slot = self.connections.acquire_owned() => slot,
+            () = self.stop.cancelled() => return,
+        };
+        let Ok(_slot) = slot else { return };
+        drop(place);
         read_requests(link, self.requests, self.stop, deliver).await;
     }
 }

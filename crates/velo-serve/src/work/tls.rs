@@ -54,7 +54,8 @@ pub(crate) async fn frontend_open(
 }
 
 /// The worker's side of an accepted connection from `peer`: TLS (as the client, naming the
-/// frontend as the response plane's workers do) when `auth` has it, then the secret's
+/// frontend by `DYN_TCP_TLS_SERVER_NAME`, else by `peer`, the connection's source IP: not a
+/// dialed address, as on the response plane) when `auth` has it, then the secret's
 /// handshake inside it; all within [`HANDSHAKE_TIMEOUT`]. Reads no request byte: on `Ok`, the
 /// frontend proved itself.
 pub(crate) async fn worker_open(

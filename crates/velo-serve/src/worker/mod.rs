@@ -110,6 +110,8 @@ impl Worker {
         )?;
         let tracker = TaskTracker::new();
         let instance_id = new_instance_id();
+        // Frontends name the instance they mean: one meant for another is refused.
+        let auth = auth.with_instance(instance_id);
         let service = ResponseService::start(announcing(&config.service, instance_id)?).await?;
         let plane = service.worker().cloned().ok_or(WorkerError::NotAWorker)?;
         let stats = Arc::new(WorkerStats::default());

@@ -18,6 +18,8 @@ use velo_serve::frontend::{Frontend, FrontendConfig};
 use velo_serve::openai::Limits;
 use velo_serve::worker::{Worker, WorkerConfig};
 
+pub mod intake;
+
 /// Every wait in these tests is bounded by this.
 pub const BOUND: Duration = Duration::from_secs(30);
 /// The model name.

@@ -132,6 +132,29 @@ pub enum HandshakeError {
         /// The peer's side.
         peer: Side,
     },
+    /// A worker read a plaintext greeting, from a peer saying it is a frontend that requires
+    /// TLS, and has no TLS itself. Unauthenticated: the peer's claim, which only a
+    /// configuration mismatch (or a stranger) makes.
+    #[error(
+        "the peer says it is a frontend requiring TLS on the request plane; this worker has \
+         none ({TLS_VARS})"
+    )]
+    ClaimsTlsRequired,
+    /// The frontend meant another worker instance than the one it reached: a stale or forged
+    /// discovery entry, or someone relaying between the frontend and another worker.
+    #[error(
+        "the frontend means worker instance {meant:x}, but reached instance {actual:x} (a stale \
+         or forged discovery entry, or a relay): refused by this {local}",
+        local = peer.other()
+    )]
+    WrongInstance {
+        /// The peer's side.
+        peer: Side,
+        /// The instance the frontend named.
+        meant: u64,
+        /// The instance the worker is.
+        actual: u64,
+    },
     /// The TLS handshake failed: the peer's certificate is not trusted here, or this side's
     /// is not trusted there, or a required client certificate is missing.
     #[error("the TLS handshake with the {peer} failed: {source}")]

@@ -18,6 +18,7 @@ use super::{SecretError, Side};
 #[derive(Clone, Default)]
 pub struct RequestAuth {
     pub(super) secret: Option<ClusterSecret>,
+    pub(super) instance: Option<u64>,
     frontend_tls: Option<Arc<ServerTls>>,
     worker_tls: Option<Arc<ClientTls>>,
 }
@@ -43,6 +44,17 @@ impl RequestAuth {
             secret: Some(secret),
             ..Self::default()
         })
+    }
+
+    /// Names the worker instance (its discovery id, not 0) in this side's greeting: as a
+    /// frontend, the worker it means to reach; as a worker, its own. When both sides name one
+    /// they must agree ([`HandshakeError::WrongInstance`](super::HandshakeError::WrongInstance)),
+    /// so a stale or forged discovery entry, or a relay to another worker, is refused. A side
+    /// naming none (0) checks nothing, and is checked by nobody.
+    #[must_use]
+    pub fn with_instance(mut self, id: u64) -> Self {
+        self.instance = Some(id).filter(|&id| id != 0);
+        self
     }
 
     /// As a frontend, serves TLS with `tls` (its response-plane server identity) on every

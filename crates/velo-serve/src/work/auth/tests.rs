@@ -189,6 +189,114 @@ async fn a_worker_that_cannot_prove_the_secret_is_refused_by_the_frontend() {
     );
 }
 
+/// A "worker" that answers the frontend's proof with that same proof (it cannot make its
+/// own) is refused: each proof covers its prover's role.
+#[tokio::test]
+async fn a_frontends_proof_reflected_back_to_it_is_refused() {
+    let auth = secret(SECRET);
+    let (mut f, mut reflector) = duplex(1024);
+    let (r, ()) = tokio::join!(frontend_handshake(&mut f, &auth), async {
+        reflector
+            .write_all(&greeting(Side::Worker, &auth))
+            .await
+            .unwrap();
+        let mut theirs = [0; GREETING_LEN + PROOF_LEN];
+        reflector.read_exact(&mut theirs).await.unwrap();
+        let mut answer = vec![VERDICT_ACCEPTED];
+        answer.extend_from_slice(&theirs[GREETING_LEN..]);
+        reflector.write_all(&answer).await.unwrap();
+    });
+    let err = r.unwrap_err();
+    assert!(
+        matches!(err, HandshakeError::BadProof { peer: Side::Worker }),
+        "{err}"
+    );
+}
+
+/// A frontend that means worker instance A and reaches worker B (a stale or forged
+/// discovery entry, or a relay), both with the secret: both sides refuse, naming both.
+#[tokio::test]
+async fn a_frontend_meaning_another_instance_is_refused_by_both_sides() {
+    let want = "the frontend means worker instance a, but reached instance b";
+    check(
+        &secret(SECRET).with_instance(0xa),
+        &secret(SECRET).with_instance(0xb),
+        [Err(want), Err(want)],
+    )
+    .await;
+    // Either side naming none checks nothing.
+    check(
+        &secret(SECRET),
+        &secret(SECRET).with_instance(0xb),
+        [Ok(()), Ok(())],
+    )
+    .await;
+    check(
+        &secret(SECRET).with_instance(0xa),
+        &secret(SECRET),
+        [Ok(()), Ok(())],
+    )
+    .await;
+    check(
+        &secret(SECRET).with_instance(0xb),
+        &secret(SECRET).with_instance(0xb),
+        [Ok(()), Ok(())],
+    )
+    .await;
+}
+
+/// The worker checks the instance by itself: a greeting naming another instance is refused
+/// before any proof is read, whatever the frontend's side checks.
+#[tokio::test]
+async fn a_worker_refuses_a_greeting_meant_for_another_instance() {
+    let (mut relay, mut w) = duplex(1024);
+    let mut g = greeting(Side::Frontend, &secret(SECRET).with_instance(0xa));
+    g[GREETING_LEN - 1] ^= 1;
+    relay.write_all(&g).await.unwrap();
+    let err = worker_handshake(&mut w, &secret(SECRET).with_instance(0xb))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HandshakeError::WrongInstance {
+                peer: Side::Frontend,
+                meant: 0xa,
+                actual: 0xb
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// "TLS required" (mode 2) comes in plaintext, unauthenticated: a worker reports it as the
+/// peer's claim, and takes it only from a frontend's greeting.
+#[tokio::test]
+async fn tls_required_is_a_frontends_claim_only() {
+    let (mut peer, mut w) = duplex(1024);
+    peer.write_all(&tls_required_greeting()).await.unwrap();
+    let err = worker_handshake(&mut w, &RequestAuth::open())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the peer says it is a frontend requiring TLS on the request plane; this worker has \
+         none (a frontend serves TLS when DYN_TCP_TLS_CERT_PATH is set, a worker speaks it when \
+         DYN_TCP_TLS_CA_CERT_PATH or DYN_TCP_TLS_INSECURE is set)"
+    );
+    let (mut peer, mut f) = duplex(1024);
+    peer.write_all(&greeting_with(Side::Worker, MODE_TLS_REQUIRED))
+        .await
+        .unwrap();
+    let err = frontend_handshake(&mut f, &RequestAuth::open())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the worker sent 2 as its mode, which is not a valid value"
+    );
+}
+
 /// Bytes the protocol does not define are refused, naming the field.
 #[tokio::test]
 async fn an_undefined_mode_is_refused() {

@@ -20,6 +20,11 @@ fn secret() -> RequestAuth {
 /// A frontend serving the PKI's server certificate, requiring client certificates when
 /// `mutual`.
 fn frontend(pki: &TestPki, mutual: bool) -> RequestAuth {
+    frontend_with(secret(), pki, mutual)
+}
+
+/// [`frontend`] with `auth`'s secret (or none) inside TLS.
+fn frontend_with(auth: RequestAuth, pki: &TestPki, mutual: bool) -> RequestAuth {
     let client_ca = mutual.then(|| pki.path("ca.pem"));
     let tls = ServerTls::new(
         pki.path("server.pem"),
@@ -28,12 +33,17 @@ fn frontend(pki: &TestPki, mutual: bool) -> RequestAuth {
         DEFAULT_HANDSHAKE_TIMEOUT,
     )
     .expect("the server's TLS loads");
-    secret().with_frontend_tls(Arc::new(tls))
+    auth.with_frontend_tls(Arc::new(tls))
 }
 
 /// A worker trusting the CA in `ca` (under the PKI's directory), with the PKI's client
 /// certificate when `identity`.
 fn worker(pki: &TestPki, ca: &str, identity: bool) -> RequestAuth {
+    worker_with(secret(), pki, ca, identity)
+}
+
+/// [`worker`] with `auth`'s secret (or none) inside TLS.
+fn worker_with(auth: RequestAuth, pki: &TestPki, ca: &str, identity: bool) -> RequestAuth {
     let identity = identity.then(|| ClientIdentity {
         cert: pki.path("client.pem"),
         key: pki.path("client.key"),
@@ -45,7 +55,7 @@ fn worker(pki: &TestPki, ca: &str, identity: bool) -> RequestAuth {
         DEFAULT_HANDSHAKE_TIMEOUT,
     )
     .expect("the client's TLS loads");
-    secret().with_worker_tls(Arc::new(tls))
+    auth.with_worker_tls(Arc::new(tls))
 }
 
 /// Runs both sides' handshakes on one loopback connection; each side's outcome (whether
@@ -92,7 +102,7 @@ async fn tls_on_the_frontend_only_is_an_error_on_both_sides_naming_the_worker() 
     );
     let w = w.expect_err("the worker refuses").to_string();
     assert!(
-        w.contains("the frontend requires TLS on the request plane, but this worker has none"),
+        w.contains("the peer says it is a frontend requiring TLS on the request plane; this worker has none"),
         "{w}"
     );
 }
@@ -163,4 +173,55 @@ async fn a_frontend_requiring_client_certificates_refuses_a_worker_without_one()
         "{f}"
     );
     assert!(w.is_err(), "the worker is refused: {w:?}");
+}
+
+/// Inside TLS the secret's handshake still decides: a worker with another secret refuses the
+/// frontend (TLS alone admits nobody), and each side says so.
+#[tokio::test]
+async fn tls_on_both_sides_with_different_secrets_is_refused() {
+    let pki = TestPki::new();
+    let other = RequestAuth::with_secret(b"another secret, just as long....").unwrap();
+    let w = worker_with(other, &pki, "ca.pem", false);
+    let (f, w, took) = handshake(&frontend(&pki, false), &w).await;
+    assert!(took < HANDSHAKE_TIMEOUT, "took {took:?}");
+    assert!(matches!(f, Err(HandshakeError::Refused)), "{f:?}");
+    assert!(
+        matches!(
+            w,
+            Err(HandshakeError::BadProof {
+                peer: Side::Frontend
+            })
+        ),
+        "{w:?}"
+    );
+}
+
+/// Inside TLS, a secret on one side only is the same clear error on both sides as without
+/// TLS, either way round, at once.
+#[tokio::test]
+async fn tls_on_both_sides_with_a_secret_on_one_side_only_is_a_clear_error() {
+    let pki = TestPki::new();
+    let open = RequestAuth::open;
+    let cases = [
+        (
+            frontend_with(open(), &pki, false),
+            worker(&pki, "ca.pem", false),
+            "the worker requires a cluster secret, but this frontend has none",
+            "the frontend has no cluster secret, but this worker requires one",
+        ),
+        (
+            frontend(&pki, false),
+            worker_with(open(), &pki, "ca.pem", false),
+            "the worker has no cluster secret, but this frontend requires one",
+            "the frontend requires a cluster secret, but this worker has none",
+        ),
+    ];
+    for (front, back, want_f, want_w) in cases {
+        let (f, w, took) = handshake(&front, &back).await;
+        assert!(took < HANDSHAKE_TIMEOUT, "took {took:?}");
+        let f = f.expect_err("the frontend refuses").to_string();
+        assert!(f.contains(want_f), "{f}");
+        let w = w.expect_err("the worker refuses").to_string();
+        assert!(w.contains(want_w), "{w}");
+    }
 }
