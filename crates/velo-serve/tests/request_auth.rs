@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use harness::intake::{
-    closed_before_any_engine_saw_it, greeting, refusals_reach, worker_and_request,
+    closed_before_any_engine_saw_it, greeting, refusals_reach, request_numbered, worker_and_request,
 };
 use harness::{BOUND, Cluster, chat, events};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,8 +23,7 @@ use velo_serve::discovery::lease::Lease;
 use velo_serve::discovery::{Instance, Transport};
 use velo_serve::work::auth::{self, GREETING_LEN, HANDSHAKE_TIMEOUT, PROOF_LEN};
 use velo_serve::work::{
-    ConnectError, HandshakeError, IntakeStats, RequestAuth, WireEnding, WorkChannel, WorkLimits,
-    WorkRequest,
+    ConnectError, HandshakeError, IntakeStats, RequestAuth, WorkChannel, WorkLimits, WorkRequest,
 };
 use velo_serve::worker::Worker;
 
@@ -120,16 +119,7 @@ async fn a_refused_connection_frees_its_slot_for_the_next_frontend() {
         .await
         .expect("the frontend is served in time: the stranger's slot was freed")
         .expect("the frontend passes the handshake");
-    let request = WorkRequest {
-        id: 7,
-        prompt_tokens: 1,
-        output_tokens: 1,
-        ending: WireEnding::Eos,
-        info: response_plane::ConnectionInfo {
-            transport: "tcp".into(),
-            info: String::new(),
-        },
-    };
+    let request = request_numbered(7);
     channel.send(&request).await.unwrap();
     let got = tokio::time::timeout(BOUND, delivered.recv()).await;
     assert!(matches!(got, Ok(Some(Some(7)))), "{got:?}");

@@ -26,7 +26,7 @@ use velo_serve::work::{
 use velo_serve::worker::{Worker, WorkerStats};
 
 use harness::BOUND;
-use harness::intake::frame;
+use harness::intake::{frame, request_numbered};
 
 /// How often the tests look at a counter while waiting for a condition.
 const POLL: Duration = Duration::from_millis(5);
@@ -188,16 +188,7 @@ fn serve_connections(
 
 /// Writes a request numbered `id` on `conn` (its stream address is never used).
 async fn send(conn: &mut TcpStream, id: u64) {
-    let request = WorkRequest {
-        id,
-        prompt_tokens: 1,
-        output_tokens: 1,
-        ending: WireEnding::Eos,
-        info: response_plane::ConnectionInfo {
-            transport: "tcp".into(),
-            info: String::new(),
-        },
-    };
+    let request = request_numbered(id);
     conn.write_all(&frame(&request)).await.unwrap();
 }
 
@@ -252,16 +243,7 @@ async fn silent_strangers_do_not_hold_the_connection_slots() {
     let channel = WorkChannel::connect(addr, &RequestAuth::open(), &tracker)
         .await
         .expect("the frontend passes the handshake");
-    let request = WorkRequest {
-        id: 9,
-        prompt_tokens: 1,
-        output_tokens: 1,
-        ending: WireEnding::Eos,
-        info: response_plane::ConnectionInfo {
-            transport: "tcp".into(),
-            info: String::new(),
-        },
-    };
+    let request = request_numbered(9);
     channel.send(&request).await.unwrap();
     assert_eq!(next_delivered(&mut delivered).await, 9);
     let took = start.elapsed();

@@ -28,6 +28,21 @@ pub fn frame(request: &WorkRequest) -> Bytes {
     out.freeze()
 }
 
+/// A request numbered `id` whose stream address is never used (the tests look only at whether
+/// and when the worker takes it).
+pub fn request_numbered(id: u64) -> WorkRequest {
+    WorkRequest {
+        id,
+        prompt_tokens: 1,
+        output_tokens: 1,
+        ending: WireEnding::Eos,
+        info: response_plane::ConnectionInfo {
+            transport: "tcp".into(),
+            info: String::new(),
+        },
+    }
+}
+
 /// A worker with `secret` (or none) on its plane, and a frontend's plane with the same holding a
 /// registered stream: a well-formed request for it, as a stranger who learnt its address
 /// would write it.
