@@ -41,6 +41,16 @@
 //! handshake is bounded by `DYN_TCP_TLS_HANDSHAKE_TIMEOUT_SECS` and, with the rest of the
 //! handshake, by [`auth::HANDSHAKE_TIMEOUT`].
 //!
+//! A certificate rotation needs no restart, as on the response plane: a running frontend or
+//! worker checks its request plane's TLS files every
+//! [`TLS_WATCH_INTERVAL`](response_plane::TLS_WATCH_INTERVAL) (2 s) and rereads them when
+//! any changed (size or modification time). Connections made after that use the new files;
+//! each connection already up keeps its session for its life. A changed file that does not
+//! load is logged with its error and the TLS in use stays (it is tried again when it next
+//! changes). The watch is a task on the frontend's or worker's tracker, ended by its stop
+//! token. The response plane watches the same files with its own copy of them, so the two
+//! planes switch within an interval of each other, not at one instant.
+//!
 //! # Handshake
 //!
 //! The secret is the response plane's (`DYN_VELO_CLUSTER_SECRET_PATH`, read by
@@ -156,6 +166,7 @@ pub use intake::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, IntakeStats, MAX_HANDSHAKES,
     REFUSAL_WARN_INTERVAL, WorkLimitError, WorkLimits, serve,
 };
+pub(crate) use tls::watch::spawn as watch_tls;
 
 /// Largest request frame, in bytes, on both sides: a request is about 400 (its stream
 /// address is most of it), so this leaves room for long addresses while keeping what a

@@ -260,3 +260,65 @@ async fn tls_on_the_worker_only_is_a_clear_error_naming_the_frontend() {
         "{err}"
     );
 }
+
+/// A frontend starts with a certificate its workers do not trust, and a worker refuses it;
+/// the certificate's files are then rotated, without a restart, to one the workers' CA
+/// issued. The frontend's next try of the worker opens a new request-plane connection with
+/// the new certificate, the worker accepts it, and a chat is served through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_frontend_certificate_reaches_new_request_plane_connections() {
+    let pki = pki();
+    pki.foreign("other");
+    for (from, to) in [
+        ("other-server.pem", "server.pem"),
+        ("other-server.key", "server.key"),
+    ] {
+        std::fs::copy(pki.path(from), pki.path(to)).expect("the foreign identity is in place");
+    }
+    let secured = plane(&pki, &only(&pki, &[SERVER[0], SERVER[1], TRUST[0]]));
+    let c = Cluster::start_on(secured.clone(), 0, |_| {}).await;
+    let worker = Worker::start(harness::worker_config(secured, c.discovery.clone()))
+        .await
+        .expect("the worker starts");
+    let id = worker.instance_id();
+    let intake = worker.intake_stats().clone();
+    let refusals = || {
+        intake
+            .handshakes_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    c.wait_for("the worker to refuse the untrusted frontend", |_| {
+        refusals() > 0
+    })
+    .await;
+    assert!(
+        !c.frontend.state().pool.ids().contains(&id),
+        "a worker that refused the frontend is routed to"
+    );
+
+    // The rotation: a certificate and key from the workers' CA, written over the old files.
+    pki.issue_server("server");
+    c.wait_for(
+        "a new request-plane connection with the rotated certificate",
+        |c| c.frontend.state().pool.ids().contains(&id),
+    )
+    .await;
+
+    // The response plane follows the files by a watch of its own; reloading it at once, as
+    // SIGHUP does, keeps the chat from racing that watch.
+    c.frontend
+        .state()
+        .plane
+        .reload_tls()
+        .expect("the rotated files load");
+    let (_conn, mut r) = c
+        .post(
+            "/v1/chat/completions",
+            &harness::chat(4, true, serde_json::json!({"ignore_eos": true})),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let events = events(&mut r).await;
+    assert_eq!(events.len(), 4 + 1, "4 tokens, then [DONE]: {events:?}");
+    worker.abort();
+}

@@ -216,6 +216,8 @@ impl Frontend {
                     dir: config.discovery.dir(),
                     source,
                 })?;
+        // A rotated certificate reaches new request-plane connections, as the plane's lanes.
+        crate::work::watch_tls(&auth, &tracker, stop.clone());
         let follow = pool::follow(
             pool.clone(),
             plane.clone(),

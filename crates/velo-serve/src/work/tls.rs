@@ -10,6 +10,11 @@
 //! with a greeting that says TLS is required; a plaintext frontend reads the worker's
 //! ClientHello where a greeting should be; a TLS worker reads the plaintext frontend's
 //! greeting where a TLS record should be.
+//!
+//! [`watch`] follows a certificate rotation: a running side rereads its files when they
+//! change, so new connections use them.
+
+pub(crate) mod watch;
 
 use std::io;
 use std::net::IpAddr;

@@ -139,6 +139,8 @@ impl Worker {
             let engines = engines.clone();
             spawner.spawn(async move { engines.serve(frame).await });
         };
+        // A rotated trust or identity reaches new request-plane connections, as the plane's.
+        crate::work::watch_tls(&auth, &tracker, stop.clone());
         let intake = Arc::new(IntakeStats::default());
         tracker.spawn(crate::work::serve(
             listener,

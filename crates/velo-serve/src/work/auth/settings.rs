@@ -1,11 +1,12 @@
 //! What a side of the request plane proves and demands: the cluster secret, and the response
 //! plane's TLS material in the request plane's (inverted) roles.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use response_plane::ResponsePlaneConfig;
 use velo_session::ClusterSecret;
-use velo_tls::{ClientIdentity, ClientTls, ServerTls, Trust};
+use velo_tls::{ClientIdentity, ClientTls, ServerTls, TlsError, Trust};
 
 use super::{SecretError, Side};
 
@@ -13,8 +14,9 @@ use super::{SecretError, Side};
 /// (every peer without a secret is served, and one with a secret refused); and TLS, or none.
 /// On this plane TLS roles are the TCP roles inverted (see [`crate::work`], "TLS"): a
 /// frontend is the TLS server ([`with_frontend_tls`](Self::with_frontend_tls)), a worker the
-/// TLS client ([`with_worker_tls`](Self::with_worker_tls)). Cheap to clone; never prints the
-/// secret.
+/// TLS client ([`with_worker_tls`](Self::with_worker_tls)). Cheap to clone, and clones share
+/// the TLS: a reload (a running frontend's or worker's watch of the files, see
+/// [`crate::work`], "TLS") reaches every clone. Never prints the secret.
 #[derive(Clone, Default)]
 pub struct RequestAuth {
     pub(super) secret: Option<ClusterSecret>,
@@ -155,6 +157,30 @@ impl RequestAuth {
     /// The TLS a worker dials with, if any.
     pub(crate) fn worker_tls(&self) -> Option<&ClientTls> {
         self.worker_tls.as_deref()
+    }
+
+    /// Rereads this side's TLS files: connections already up keep their session, new ones
+    /// use the new files.
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError`] naming the file that does not load; the TLS in use then stays as it was
+    /// (a frontend's and a worker's are reread separately, each all or nothing).
+    pub(crate) fn reload_tls(&self) -> Result<(), TlsError> {
+        if let Some(server) = &self.frontend_tls {
+            server.reload()?;
+        }
+        if let Some(client) = &self.worker_tls {
+            client.reload()?;
+        }
+        Ok(())
+    }
+
+    /// The files this side's TLS is read from (none without TLS), for the watch.
+    pub(crate) fn tls_files(&self) -> Vec<PathBuf> {
+        let server = self.frontend_tls.iter().flat_map(|s| s.files());
+        let client = self.worker_tls.iter().flat_map(|c| c.files());
+        server.chain(client).map(Path::to_owned).collect()
     }
 }
 
