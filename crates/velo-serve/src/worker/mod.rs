@@ -131,6 +131,21 @@ impl Worker {
         let addr = listener
             .local_addr()
             .map_err(|source| WorkerError::Bind { addr: bind, source })?;
+        let instance = Instance {
+            namespace: config.discovery.namespace.clone(),
+            component: config.discovery.component.clone(),
+            endpoint: config.discovery.endpoint.clone(),
+            instance_id,
+            transport: Transport::Tcp(addr.to_string()),
+        };
+        // Published before any task is spawned, so a failure leaves nothing running (the
+        // listener is bound: a frontend that connects at once waits in its backlog).
+        let lease = Lease::publish(&config.discovery, &instance).map_err(|source| {
+            WorkerError::Discovery {
+                dir: config.discovery.dir(),
+                source,
+            }
+        })?;
         let stop = CancellationToken::new();
         let spawner = tracker.clone();
         // One task per request read: at most `work_limits.max_requests` of them, since the
@@ -151,19 +166,6 @@ impl Worker {
             stop.clone(),
             deliver,
         ));
-        let instance = Instance {
-            namespace: config.discovery.namespace.clone(),
-            component: config.discovery.component.clone(),
-            endpoint: config.discovery.endpoint.clone(),
-            instance_id,
-            transport: Transport::Tcp(addr.to_string()),
-        };
-        let lease = Lease::publish(&config.discovery, &instance).map_err(|source| {
-            WorkerError::Discovery {
-                dir: config.discovery.dir(),
-                source,
-            }
-        })?;
         tracing::info!(instance = format!("{:x}", instance.instance_id), %addr, plane = plane.plane().name(), "worker serving");
         Ok(Self {
             instance,
