@@ -129,11 +129,20 @@
 //! - [`MAX_HANDSHAKES`]: connections in their handshake (each for at most
 //!   [`auth::HANDSHAKE_TIMEOUT`]), or past it and waiting for a connection slot; more wait in
 //!   the kernel's accept queue. Strangers who connect and say nothing hold these places only.
+//! - [`MAX_HANDSHAKES_PER_SOURCE`]: connections in their handshake from one source address
+//!   (an IPv4 address, an IPv6 /64), the response plane's rule. One more from that source is
+//!   closed at once, unread and ungreeted, without a handshake place, and counted
+//!   ([`IntakeStats::handshakes_refused_per_source`], and in `handshakes_refused`): a
+//!   stranger needs `MAX_HANDSHAKES / MAX_HANDSHAKES_PER_SOURCE` (8) addresses to hold every
+//!   place and keep a new or reconnecting frontend's handshake waiting behind its silent
+//!   connections (up to [`auth::HANDSHAKE_TIMEOUT`] each). The per-source table has at most
+//!   [`MAX_HANDSHAKES`] entries: a source is in it only while it has a handshake in progress.
 //! - [`WorkLimits::max_connections`] (`--max-request-connections`, default
 //!   [`DEFAULT_MAX_CONNECTIONS`]): connections served at once past their handshake. One whose
 //!   handshake succeeds takes a slot when one is free, reading nothing until then.
-//! - [`REFUSAL_WARN_INTERVAL`]: a refused handshake is logged at debug; a warning, with the
-//!   count since the last one, goes out at most once per interval.
+//! - [`REFUSAL_WARN_INTERVAL`]: a refused handshake (failed, or refused for its source) is
+//!   logged at debug; a warning, with the count since the last one, goes out at most once per
+//!   interval.
 //!
 //! So a worker holds at most `max_requests` requests (each at most [`MAX_FRAME_BYTES`]) and
 //! `max_connections` + [`MAX_HANDSHAKES`] connections, each with at most one frame read and
@@ -164,7 +173,7 @@ use tls::Link;
 pub use auth::{HandshakeError, RequestAuth, SecretError};
 pub use intake::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS, IntakeStats, MAX_HANDSHAKES,
-    REFUSAL_WARN_INTERVAL, WorkLimitError, WorkLimits, serve,
+    MAX_HANDSHAKES_PER_SOURCE, REFUSAL_WARN_INTERVAL, WorkLimitError, WorkLimits, serve,
 };
 pub(crate) use tls::watch::spawn as watch_tls;
 

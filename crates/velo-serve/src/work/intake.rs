@@ -1,11 +1,19 @@
 //! The worker's side of the request plane: accepts frontend connections, admits those whose
 //! handshake succeeds (TLS when on, then [`super::auth`]) and hands every request frame they send to the
 //! worker, within [`WorkLimits`] (see the parent module's bounds).
+//!
+//! Connections in their handshake are bounded twice, as on the response plane's accept loop
+//! (velo-session's `HandshakeBudget`, whose rule this reuses): [`MAX_HANDSHAKES`] in all, and
+//! [`MAX_HANDSHAKES_PER_SOURCE`] from one source address. The accept loop takes a handshake
+//! place before it accepts, so past the first bound connections wait in the kernel's accept
+//! queue; it then closes at once, unread and ungreeted, a connection whose source is at the
+//! second (the place goes to the next connection), so one stranger's silent connections
+//! cannot hold every place and keep a frontend's handshake waiting behind them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -14,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use velo_session::{Exhausted, HandshakeBudget, HandshakeTicket};
 
 use super::auth::RequestAuth;
 use super::tls::Link;
@@ -37,6 +46,13 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// frontend's. A connection past its handshake keeps its place until it has a connection
 /// slot, so at most this many wait for one.
 pub const MAX_HANDSHAKES: usize = 64;
+/// Connections from one source address (an IPv4 address; an IPv6 /64, which one host fills
+/// with addresses at will) a worker runs the handshake of at once. A frontend process opens
+/// one connection per worker, so even a host of several frontends reconnecting together needs
+/// few; past it a connection is closed at once, unread and without a place among the
+/// [`MAX_HANDSHAKES`], and its frontend tries again after a pause. So a stranger needs
+/// `MAX_HANDSHAKES / MAX_HANDSHAKES_PER_SOURCE` (8) addresses to hold every place.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// How long the accept loop pauses after an accept error (out of file descriptors: retrying
 /// at once would spin).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
@@ -105,18 +121,24 @@ impl WorkLimits {
 pub struct IntakeStats {
     /// Connections closed because their handshake failed (a peer without the secret or with
     /// another one, one that did not greet, a secret or TLS on one side only, or a frontend
-    /// meaning another worker instance); none of their bytes past the handshake was read.
-    /// Each is logged at debug; a warning goes out at most once per
-    /// [`REFUSAL_WARN_INTERVAL`], with how many were refused since the last one.
+    /// meaning another worker instance), or was never begun: their source address had
+    /// [`MAX_HANDSHAKES_PER_SOURCE`] in progress (those are also counted in
+    /// [`handshakes_refused_per_source`](Self::handshakes_refused_per_source)). None of their
+    /// bytes past the handshake was read. Each is logged at debug; a warning goes out at most
+    /// once per [`REFUSAL_WARN_INTERVAL`], with how many were refused since the last one.
     pub handshakes_refused: AtomicU64,
+    /// Connections closed at once, unread and ungreeted, because their source address had
+    /// [`MAX_HANDSHAKES_PER_SOURCE`] handshakes in progress (part of `handshakes_refused`).
+    pub handshakes_refused_per_source: AtomicU64,
 }
 
 /// The worker's side: accepts frontend connections on `listener`, runs the handshake under
 /// `auth` on each (TLS as the client when `auth` has it, then the secret's; one that fails is
 /// closed unread and counted in `stats`), and hands every
 /// request frame of the admitted ones to `deliver`, until `stop`, within `limits`: at most
-/// [`MAX_HANDSHAKES`] connections in their handshake, and `limits.max_connections` past it.
-/// Connections run on `tracker`. Without a secret in `auth`, warns once that anyone who
+/// [`MAX_HANDSHAKES`] connections in their handshake ([`MAX_HANDSHAKES_PER_SOURCE`] from one
+/// source address: one past it is closed at once and counted), and `limits.max_connections`
+/// past it. Connections run on `tracker`. Without a secret in `auth`, warns once that anyone who
 /// reaches the port is served.
 ///
 /// Every frame handed to `deliver` holds one of `limits.max_requests` places for as long as
@@ -147,6 +169,10 @@ pub async fn serve(
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    // Each of its tickets is taken while holding one of `handshakes`' places and given back
+    // no later than that place, so it holds at most MAX_HANDSHAKES tickets (and sources: a
+    // source is forgotten with its last ticket) and its total is never what refuses.
+    let sources = HandshakeBudget::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE);
     let refusals = Arc::new(RefusalLog::default());
     loop {
         // Cancel safety: a permit or a connection not yet taken is simply not taken.
@@ -167,6 +193,18 @@ pub async fn serve(
                 continue;
             }
         };
+        let source = match sources.enter(Some(peer.ip())) {
+            Ok(source) => source,
+            Err(exhausted) => {
+                // Closed unread (dropping `stream`) before any byte is written: no task, and
+                // `place` goes to the next connection.
+                stats
+                    .handshakes_refused_per_source
+                    .fetch_add(1, Ordering::Relaxed);
+                refusals.record(&stats, peer, &exhausted_reason(exhausted));
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let connection = Connection {
             peer,
@@ -177,7 +215,16 @@ pub async fn serve(
             requests: requests.clone(),
             stop: stop.clone(),
         };
-        tracker.spawn(connection.serve(stream, place, deliver.clone()));
+        tracker.spawn(connection.serve(stream, place, source, deliver.clone()));
+    }
+}
+
+/// Why the source budget refused a connection, for the log.
+fn exhausted_reason(exhausted: Exhausted) -> &'static str {
+    match exhausted {
+        Exhausted::Source => "too many handshakes in progress from this address",
+        // Not met: the total is bounded by the handshake places first (see `serve`).
+        Exhausted::Total => "too many handshakes in progress",
     }
 }
 
@@ -193,33 +240,27 @@ struct Connection {
 }
 
 impl Connection {
-    /// The handshake, holding `place` among the [`MAX_HANDSHAKES`]; then a connection slot,
-    /// and the requests; until either fails, the connection ends, or `stop`.
-    async fn serve(self, stream: TcpStream, place: OwnedSemaphorePermit, deliver: impl Fn(Bytes)) {
+    /// The handshake, holding `place` among the [`MAX_HANDSHAKES`] and `source`, its
+    /// source's share of them; then a connection slot, and the requests; until either fails,
+    /// the connection ends, or `stop`.
+    async fn serve(
+        self,
+        stream: TcpStream,
+        place: OwnedSemaphorePermit,
+        source: HandshakeTicket,
+        deliver: impl Fn(Bytes),
+    ) {
         // Cancel safety: a handshake cut short by `stop` only closes its connection.
         let admitted = tokio::select! {
             r = super::tls::worker_open(stream, self.peer.ip(), &self.auth) => r,
             () = self.stop.cancelled() => return,
         };
+        // The handshake is over: its source may begin another.
+        drop(source);
         let link = match admitted {
             Ok(link) => link,
             Err(e) => {
-                let before = self
-                    .stats
-                    .handshakes_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                let total = before.saturating_add(1);
-                let peer = self.peer;
-                tracing::debug!(%peer, error = %e, "request-plane handshake failed: closing the connection");
-                // Anyone can fail a handshake as often as they like: one warning per interval.
-                if let Some(refused) = self.refusals.due(Instant::now(), total) {
-                    tracing::warn!(
-                        %peer, error = %e, refused,
-                        "request-plane handshakes failed, their connections closed: {refused} \
-                         since the last warning (at most one per {REFUSAL_WARN_INTERVAL:?}; each \
-                         is logged at debug); the latest is this one"
-                    );
-                }
+                self.refusals.record(&self.stats, self.peer, &e);
                 return;
             }
         };

@@ -2,8 +2,13 @@
 //! [`REFUSAL_WARN_INTERVAL`] with how many were refused since the last one, so a stranger
 //! hammering the port cannot flood the log.
 
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use super::IntakeStats;
 
 /// The least time between two warnings of refused request-plane handshakes.
 pub const REFUSAL_WARN_INTERVAL: Duration = Duration::from_secs(10);
@@ -15,6 +20,23 @@ pub(super) struct RefusalLog {
 }
 
 impl RefusalLog {
+    /// Counts a connection from `peer` closed without a completed handshake, for `why`, in
+    /// `stats.handshakes_refused`; logs it at debug, and warns when one is due.
+    pub(super) fn record(&self, stats: &IntakeStats, peer: SocketAddr, why: &dyn Display) {
+        let before = stats.handshakes_refused.fetch_add(1, Ordering::Relaxed);
+        let total = before.saturating_add(1);
+        tracing::debug!(%peer, error = %why, "request-plane handshake refused: closing the connection");
+        // Anyone can fail a handshake as often as they like: one warning per interval.
+        if let Some(refused) = self.due(Instant::now(), total) {
+            tracing::warn!(
+                %peer, error = %why, refused,
+                "request-plane handshakes refused, their connections closed: {refused} since \
+                 the last warning (at most one per {REFUSAL_WARN_INTERVAL:?}; each is logged \
+                 at debug); the latest is this one"
+            );
+        }
+    }
+
     /// Whether to warn at `now` of a refusal that brought the count to `total`: `Some` with the
     /// refusals since the last warning (this one included) when one is due, else `None`.
     pub(super) fn due(&self, now: Instant, total: u64) -> Option<u64> {
